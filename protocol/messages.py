@@ -1,0 +1,262 @@
+"""Every message that crosses a process boundary.
+
+The same models travel as JSON over HTTP (worker <-> orchestrator, trainer -> origin) and as the
+`data` field of Redis stream entries (orchestrator -> validator -> trainer). A service never
+defines its own copy of one of these: that is how a field rename stays a one-line change.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import time
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator
+
+PROTOCOL_VERSION = 1
+
+Address = Annotated[
+    str,
+    Field(pattern=r"^0x[0-9a-fA-F]{40}$", description="EIP-55 or lower-case hex address"),
+]
+
+
+def _decode_b64(value: object) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("expected base64 text")
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError as exc:
+        raise ValueError(f"invalid base64: {exc}") from exc
+
+
+# Proof bytes ride inside JSON, so they are base64 on the wire and bytes in memory.
+B64Bytes = Annotated[
+    bytes,
+    PlainValidator(_decode_b64),
+    PlainSerializer(lambda b: base64.b64encode(b).decode("ascii"), return_type=str),
+]
+
+
+class Message(BaseModel):
+    """Base for wire messages: unknown fields are refused so a typo is an error, not a no-op."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Versioned(Message):
+    protocol_version: Literal[1] = Field(
+        default=PROTOCOL_VERSION, description="Wire protocol version; bumped on breaking changes."
+    )
+
+
+# ---------------------------------------------------------------- policy distribution
+
+
+class ShardInfo(Message):
+    index: int = Field(ge=0)
+    offset: int = Field(ge=0, description="Byte offset of the shard in the file.")
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class FileEntry(Message):
+    """One file of a policy version (the weights, or a small config/tokenizer file)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]{1,128}$", description="Plain file name, no path.")
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    shards: list[ShardInfo]
+
+
+class Manifest(Versioned):
+    """What the trainer signs for each policy version; integrity never depends on relays."""
+
+    version: int = Field(ge=0)
+    parent_version: int | None = Field(default=None, ge=0)
+    shard_size: int = Field(gt=0)
+    files: list[FileEntry]
+    model_hash: str = Field(
+        pattern=r"^[0-9a-f]{64}$", description="sha256 over the sorted (name, sha256) of files."
+    )
+    created_at: float = Field(default_factory=time.time)
+    trainer: Address
+
+
+class SignedManifest(Versioned):
+    manifest: Manifest
+    signature: str = Field(description="EIP-191 signature by `manifest.trainer` over the JSON.")
+
+
+class PolicyAnnouncement(Versioned):
+    """Trainer -> `policy:announcements`: version `version` is on the origin and may be used."""
+
+    version: int = Field(ge=0)
+    step: int = Field(ge=0, description="Trainer optimizer steps completed when published.")
+    model_hash: str
+    manifest_path: str = Field(description="Path of the signed manifest on any relay.")
+    announced_at: float = Field(default_factory=time.time)
+
+
+class PolicyInfo(Message):
+    """What a worker needs to fetch and use the current policy."""
+
+    version: int
+    model_hash: str
+    manifest_path: str
+    relays: list[str] = Field(description="Base URLs of relays serving the policy.")
+    min_version: int = Field(description="Oldest version whose rollouts are still admitted.")
+
+
+# ---------------------------------------------------------------- worker <-> orchestrator
+
+
+class RegisterRequest(Versioned):
+    worker: Address
+    pool_id: int = Field(ge=1)
+    backend: Literal["torch", "vllm"] = "torch"
+    device: str = Field(default="cpu", max_length=64)
+
+
+class RegisterReply(Versioned):
+    worker: Address
+    pool_id: int
+    heartbeat_interval_s: float
+    policy: PolicyInfo | None
+
+
+class Heartbeat(Versioned):
+    worker: Address
+    pool_id: int = Field(ge=1)
+    policy_version: int | None = Field(description="Version the worker holds, None before any.")
+    rollouts_in_flight: int = Field(default=0, ge=0)
+
+
+class HeartbeatReply(Versioned):
+    policy: PolicyInfo | None
+    trainer_step: int
+
+
+class SamplingParams(Message):
+    temperature: float = Field(gt=0, le=4)
+    max_new_tokens: int = Field(gt=0, le=4096)
+
+
+class LeaseRequest(Versioned):
+    worker: Address
+    pool_id: int = Field(ge=1)
+    policy_version: int = Field(ge=0, description="Version the worker will generate with.")
+
+
+class Lease(Versioned):
+    """An assigned task: the worker may not choose its prompt (DESIGN.md §3.5)."""
+
+    lease_id: str
+    worker: Address
+    pool_id: int
+    env: str
+    task_id: str
+    prompt: str
+    group_size: int = Field(gt=0, le=64)
+    sampling: SamplingParams
+    seed: int = Field(ge=0, lt=2**63)
+    min_policy_version: int = Field(ge=0)
+    expires_at: float
+
+
+class LeaseReply(Versioned):
+    lease: Lease | None = Field(description="None when no policy is published yet.")
+    retry_after_s: float = 0.0
+
+
+class CompletionSample(Message):
+    token_ids: list[int] = Field(max_length=4096)
+    finish_reason: Literal["eos", "length"]
+    proof: B64Bytes = Field(description="TOPLOC proof over the completion's hidden states.")
+    claimed_reward: float | None = Field(
+        default=None, description="Worker's own reward claim; validators recompute it."
+    )
+
+
+class RolloutSubmission(Versioned):
+    """One lease answered: a group of completions sampled with the lease's seed."""
+
+    lease_id: str
+    worker: Address
+    pool_id: int = Field(ge=1)
+    task_id: str
+    policy_version: int = Field(ge=0)
+    prompt_token_ids: list[int] = Field(max_length=4096)
+    completions: list[CompletionSample] = Field(min_length=1, max_length=64)
+
+    def content_hash(self) -> str:
+        """Identity of the work itself, independent of who submitted it: catches replays."""
+        h = hashlib.sha256()
+        h.update(self.task_id.encode())
+        h.update(str(self.policy_version).encode())
+        for c in self.completions:
+            h.update(b"|" + ",".join(map(str, c.token_ids)).encode())
+        return h.hexdigest()
+
+
+class SubmitReply(Versioned):
+    submission_id: str
+    accepted_for_validation: bool = True
+
+
+class SubmittedRollout(Versioned):
+    """Orchestrator -> `rollouts:submitted`: the submission plus the lease it answers."""
+
+    submission_id: str
+    lease: Lease
+    submission: RolloutSubmission
+    received_at: float = Field(default_factory=time.time)
+
+
+# ---------------------------------------------------------------- validator -> trainer / chain
+
+RejectReason = Literal[
+    "lease_mismatch",
+    "stale_policy",
+    "unknown_policy",
+    "bad_proof",
+    "sampling_mismatch",
+    "bad_termination",
+    "reward_mismatch",
+    "duplicate",
+    "malformed",
+]
+
+
+class Verdict(Versioned):
+    submission_id: str
+    lease_id: str
+    worker: Address
+    pool_id: int
+    accepted: bool
+    reason: RejectReason | None = None
+    detail: str = ""
+    units: int = Field(ge=0, description="Work units credited on chain when accepted.")
+    validator: Address
+    decided_at: float = Field(default_factory=time.time)
+
+
+class VerifiedCompletion(Message):
+    token_ids: list[int]
+    logprobs: list[float] = Field(description="Behaviour-policy logprobs recomputed by validator.")
+    reward: float
+
+
+class VerifiedRollout(Versioned):
+    """Validator -> `rollouts:verified`: one group, ready for a GRPO step."""
+
+    submission_id: str
+    worker: Address
+    task_id: str
+    policy_version: int
+    prompt_token_ids: list[int]
+    completions: list[VerifiedCompletion]
+    verdict: Verdict

@@ -1,0 +1,44 @@
+"""Redis stream and consumer-group names, and how a message rides in a stream entry.
+
+Internal services talk only through these streams. Each entry carries one field, `data`, holding
+the JSON of a `protocol.messages` model, so a consumer validates exactly what a producer sent.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from .messages import PolicyAnnouncement, SubmittedRollout, Verdict, VerifiedRollout
+
+ROLLOUTS_SUBMITTED = "rollouts:submitted"
+ROLLOUTS_VERIFIED = "rollouts:verified"
+ROLLOUTS_REJECTED = "rollouts:rejected"
+POLICY_ANNOUNCEMENTS = "policy:announcements"
+
+VALIDATOR_GROUP = "validators"
+TRAINER_GROUP = "trainer"
+
+# Which model each stream carries; consumers decode with this, never with a guess.
+STREAM_MODELS: dict[str, type[BaseModel]] = {
+    ROLLOUTS_SUBMITTED: SubmittedRollout,
+    ROLLOUTS_VERIFIED: VerifiedRollout,
+    ROLLOUTS_REJECTED: Verdict,
+    POLICY_ANNOUNCEMENTS: PolicyAnnouncement,
+}
+
+FIELD = "data"
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def encode(message: BaseModel) -> dict[str, str]:
+    return {FIELD: message.model_dump_json()}
+
+
+def decode(model: type[M], fields: dict[bytes | str, bytes | str]) -> M:
+    raw = fields.get(FIELD) if FIELD in fields else fields.get(FIELD.encode())
+    if raw is None:
+        raise ValueError(f"stream entry has no {FIELD!r} field")
+    return model.model_validate_json(raw)
