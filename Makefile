@@ -1,0 +1,60 @@
+# Prime Swarm: `make up` runs the whole network locally, `make test` runs the tests.
+# Both set up what is missing first; setup is idempotent and cheap when nothing changed.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# torch is installed first and pinned exactly, so nothing later can pull a multi-GB CUDA build.
+# On a machine whose pip has no local CPU wheel, point TORCH_INDEX at a CPU wheel index.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup up test test-all bench bench-rl lint fmt clean
+
+setup: $(VENV)/.installed $(ANVIL) redis
+
+$(VENV)/.installed: pyproject.toml
+	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(PIP) install -q -e ".[dev]"
+	@touch $@
+
+$(ANVIL): .tools/package.json
+	npm install --prefix .tools --no-audit --no-fund --silent
+	@touch $@
+
+.PHONY: redis
+redis:
+	@command -v redis-server >/dev/null || { \
+		echo "installing redis-server"; \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server; }
+
+up: setup
+	$(VENV)/bin/prime-swarm up
+
+test: setup
+	$(PY) -m pytest -q -m "not slow"
+
+test-all: setup
+	$(PY) -m pytest -q
+
+bench: setup bench-rl
+
+bench-rl:
+	$(PY) bench/rl_offline.py
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+fmt: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .tools/node_modules .cache runs
