@@ -1,0 +1,1 @@
+"""The project's tiny Hugging Face-format causal LM: tokenizer, architecture, IO and builder."""

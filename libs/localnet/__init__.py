@@ -1,0 +1,1 @@
+"""Starting real local processes (redis-server, uvicorn services) on free loopback ports."""

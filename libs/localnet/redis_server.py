@@ -1,0 +1,37 @@
+"""A real redis-server on a free loopback port, with AOF persistence as in deployments."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import redis
+
+from .ports import free_port
+from .process import ManagedProcess
+
+
+class RedisServer:
+    def __init__(self, data_dir: Path, log_dir: Path, port: int | None = None) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server not found; run `make setup` (installs it)")
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.process = ManagedProcess(
+            "redis",
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(data_dir),
+             "--appendonly", "yes", "--save", "", "--protected-mode", "yes"],
+            log_dir,
+        )
+        self.process.wait_until(self._ping, 15.0, "answering PING")
+
+    def _ping(self) -> bool:
+        return bool(redis.Redis.from_url(self.url, socket_timeout=1).ping())
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url, socket_timeout=10)
+
+    def stop(self) -> None:
+        self.process.stop()

@@ -1,0 +1,1 @@
+"""The same /healthz, /metrics and log format for every service (DESIGN.md §3.9)."""

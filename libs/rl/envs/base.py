@@ -1,0 +1,64 @@
+"""The environment contract: tasks re-derivable from their id and a rule-based reward in [0, 1]."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from abc import ABC, abstractmethod
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+Split = Literal["train", "heldout"]
+SPLITS: tuple[Split, ...] = ("train", "heldout")
+
+
+class Task(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    prompt: str
+    answer: str
+
+
+def hash_int(*parts: object, nbytes: int = 8) -> int:
+    """A platform- and version-independent integer from `parts`.
+
+    Task derivation uses sha256 rather than numpy/random generators because a validator on
+    another machine (other numpy, other Python) must derive the very same task from its id.
+    """
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:nbytes], "big")
+
+
+class Env(ABC):
+    name: str
+    max_answer_chars: int
+
+    def task_id(self, split: Split, index: int) -> str:
+        return f"{self.name}/{split}/{index}"
+
+    def parse_task_id(self, task_id: str) -> tuple[Split, int]:
+        name, split, index = task_id.split("/")
+        if name != self.name or split not in SPLITS or not index.isdigit():
+            raise ValueError(f"not a {self.name} task id: {task_id!r}")
+        return split, int(index)  # type: ignore[return-value]
+
+    def sample_tasks(self, seed: int, n: int, split: Split) -> list[Task]:
+        """`n` tasks of `split`, a pure function of (seed, split)."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}")
+        return [self.task_from_id(self.task_id(split, hash_int(self.name, split, seed, k, nbytes=6)))
+                for k in range(n)]
+
+    @abstractmethod
+    def task_from_id(self, task_id: str) -> Task:
+        """Re-derive the task from its id alone (the id encodes split and index)."""
+
+    @abstractmethod
+    def reward(self, task: Task, completion: str) -> float:
+        """Rule-based score of `completion` (decoded text, specials dropped) in [0, 1]."""
+
+    @abstractmethod
+    def flawed_answer(self, task: Task, rng: random.Random) -> str:
+        """A typical wrong answer, used to make the SFT warm start deliberately imperfect."""

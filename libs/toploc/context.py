@@ -1,0 +1,86 @@
+"""What a proof is bound to, and the keyed mask that ties the stored values to it.
+
+Binding works twice over:
+1. the proof header carries a truncated sha256 of the context, so a proof presented for another
+   context is rejected up front with a clear reason;
+2. every committed value is shifted by a keyed pseudo-random mask derived from the full digest and
+   the chunk index, so a proof whose header alone was rewritten decodes to noise and fails the
+   numeric check as well.
+Neither is a secret: anyone who knows both contexts and the proof could re-mask it. What binding
+buys is that a proof cannot be replayed verbatim for other tokens, another lease or another model,
+and that swapping chunks within a proof fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .gf import P
+
+DIGEST_BYTES = 20
+_DOMAIN = b"prime-swarm/toploc/v1\x00"
+
+
+@dataclass(frozen=True)
+class ProofContext:
+    """The rollout a proof speaks for."""
+
+    model_hash: str
+    """Model hash of the policy version the worker claims to have used (from its manifest)."""
+    lease_id: str
+    """Orchestrator lease the rollout answers."""
+    sample_index: int
+    """Index of this completion within the lease's group."""
+    token_ids: list[int] = field(default_factory=list)
+    """Generated token ids whose hidden states are committed."""
+
+    def digest(self) -> bytes:
+        """sha256 over an unambiguous encoding (length-prefixed strings, fixed-width ints)."""
+        if not 0 <= self.sample_index < 2**32:
+            raise ValueError(f"sample_index {self.sample_index} out of uint32 range")
+        h = hashlib.sha256(_DOMAIN)
+        for text in (self.model_hash, self.lease_id):
+            raw = text.encode("utf-8")
+            h.update(struct.pack("<I", len(raw)))
+            h.update(raw)
+        h.update(struct.pack("<II", self.sample_index, len(self.token_ids)))
+        ids = np.asarray(self.token_ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= 2**32):
+            raise ValueError("token ids must fit in uint32")
+        h.update(ids.astype("<u4").tobytes())
+        return h.digest()
+
+
+def _splitmix64(z: np.ndarray) -> np.ndarray:
+    """The splitmix64 finalizer: a cheap, well-mixed 64-bit permutation (uint64 wraps by design)."""
+    z = z ^ (z >> np.uint64(30))
+    z = z * np.uint64(0xBF58476D1CE4E5B9)
+    z = z ^ (z >> np.uint64(27))
+    z = z * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def chunk_keys(digest: bytes, chunk_indices: np.ndarray) -> np.ndarray:
+    """One 64-bit key per chunk, so identical hidden states in two chunks commit differently."""
+    base = np.uint64(int.from_bytes(digest[:8], "little"))
+    idx = chunk_indices.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        return _splitmix64(base ^ _splitmix64(idx + np.uint64(0x9E3779B97F4A7C15)))
+
+
+def value_mask(keys: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """Mask in [0, P) for each x-coordinate; ``keys`` is [N], ``xs`` is [N, k]."""
+    with np.errstate(over="ignore"):
+        z = _splitmix64(keys[:, None] ^ (xs.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
+    return (z % np.uint64(P)).astype(np.int64)
+
+
+def truncated_digest(context: ProofContext) -> bytes:
+    return context.digest()[:DIGEST_BYTES]
+
+
+__all__ = ["DIGEST_BYTES", "ProofContext", "chunk_keys", "truncated_digest", "value_mask"]

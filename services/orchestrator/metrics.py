@@ -1,0 +1,9 @@
+from prometheus_client import Counter, Gauge
+
+REQUESTS_REFUSED = Counter(
+    "orchestrator_refused_total", "Worker requests refused, by route and reason", ["route", "reason"]
+)
+LEASES_ISSUED = Counter("orchestrator_leases_issued_total", "Leases handed to workers")
+SUBMISSIONS = Counter("orchestrator_submissions_total", "Submissions admitted to validation")
+WORKERS_SEEN = Gauge("orchestrator_workers_registered", "Workers registered with this pool")
+POLICY_VERSION = Gauge("orchestrator_policy_version", "Latest announced policy version")

@@ -1,0 +1,172 @@
+"""The worker-facing API. Every route is signed; the signer must be the worker named in the body."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+
+from fastapi import APIRouter, Depends, HTTPException
+
+from prime_swarm.protocol import streams
+from prime_swarm.protocol.messages import (
+    Heartbeat,
+    HeartbeatReply,
+    LeaseReply,
+    LeaseRequest,
+    RegisterReply,
+    RegisterRequest,
+    RolloutSubmission,
+    SubmitReply,
+    SubmittedRollout,
+)
+from prime_swarm.protocol.signing import AuthError, require_signer_is
+
+from . import metrics
+from .deps import Pool, get_pool, get_signer
+from .state import WORKERS
+
+log = logging.getLogger("orchestrator")
+router = APIRouter(prefix="/v1")
+
+
+def refuse(route: str, status: int, reason: str, code: str) -> HTTPException:
+    metrics.REQUESTS_REFUSED.labels(route, code).inc()
+    return HTTPException(status_code=status, detail={"reason": code, "message": reason})
+
+
+def check_identity(route: str, signer: str, worker: str, pool: Pool, pool_id: int) -> None:
+    try:
+        require_signer_is(signer, worker)
+    except AuthError as exc:
+        raise refuse(route, exc.status, exc.reason, "foreign_signer") from exc
+    if pool_id != pool.settings.pool_id:
+        raise refuse(route, 404, f"this orchestrator serves pool {pool.settings.pool_id}",
+                     "wrong_pool")
+
+
+async def check_registered(route: str, pool: Pool, worker: str) -> None:
+    if not await pool.redis.hexists(WORKERS, worker.lower()):
+        raise refuse(route, 403, "worker is not registered; call /v1/register first",
+                     "not_registered")
+
+
+@router.post("/register", response_model=RegisterReply)
+async def register(
+    body: RegisterRequest, signer: str = Depends(get_signer), pool: Pool = Depends(get_pool)
+) -> RegisterReply:
+    check_identity("register", signer, body.worker, pool, body.pool_id)
+    if not await pool.is_member(body.worker):
+        raise refuse(
+            "register", 403,
+            f"{body.worker} has no stake in pool {body.pool_id}; join on chain first",
+            "not_a_member",
+        )
+    await pool.redis.hset(WORKERS, body.worker.lower(), time.time())
+    metrics.WORKERS_SEEN.set(await pool.redis.hlen(WORKERS))
+    log.info("worker registered", extra={"fields": {"worker": body.worker}})
+    return RegisterReply(
+        worker=body.worker,
+        pool_id=body.pool_id,
+        heartbeat_interval_s=pool.settings.heartbeat_interval_s,
+        policy=await pool.policy.info(),
+    )
+
+
+@router.post("/heartbeat", response_model=HeartbeatReply)
+async def heartbeat(
+    body: Heartbeat, signer: str = Depends(get_signer), pool: Pool = Depends(get_pool)
+) -> HeartbeatReply:
+    check_identity("heartbeat", signer, body.worker, pool, body.pool_id)
+    await check_registered("heartbeat", pool, body.worker)
+    await pool.redis.hset(WORKERS, body.worker.lower(), time.time())
+    ann = await pool.policy.latest()
+    if ann is not None:
+        metrics.POLICY_VERSION.set(ann.version)
+    return HeartbeatReply(policy=await pool.policy.info(), trainer_step=ann.step if ann else 0)
+
+
+@router.post("/lease", response_model=LeaseReply)
+async def lease(
+    body: LeaseRequest, signer: str = Depends(get_signer), pool: Pool = Depends(get_pool)
+) -> LeaseReply:
+    check_identity("lease", signer, body.worker, pool, body.pool_id)
+    await check_registered("lease", pool, body.worker)
+    info = await pool.policy.info()
+    if info is None:
+        return LeaseReply(lease=None, retry_after_s=1.0)
+    if body.policy_version < info.min_version:
+        raise refuse(
+            "lease", 409,
+            f"policy v{body.policy_version} is too old; fetch v{info.version} "
+            f"(oldest admitted v{info.min_version})",
+            "stale_policy",
+        )
+    if body.policy_version > info.version:
+        raise refuse("lease", 422, f"policy v{body.policy_version} was never announced",
+                     "unknown_policy")
+    if await pool.leases.open_count(body.worker) >= pool.settings.max_open_leases_per_worker:
+        raise refuse("lease", 429, "too many open leases; submit or let them expire",
+                     "too_many_leases")
+    backlog = await pool.redis.xlen(streams.ROLLOUTS_SUBMITTED)
+    pending = await _validation_backlog(pool)
+    if pending >= pool.settings.max_submitted_backlog:
+        log.debug("backlog %s of %s entries", pending, backlog)
+        return LeaseReply(lease=None, retry_after_s=1.0)
+    issued = await pool.leases.issue(body.worker, pool.settings.pool_id, info.min_version)
+    metrics.LEASES_ISSUED.inc()
+    return LeaseReply(lease=issued)
+
+
+async def _validation_backlog(pool: Pool) -> int:
+    try:
+        groups = await pool.redis.xinfo_groups(streams.ROLLOUTS_SUBMITTED)
+    except Exception:  # stream or group not created yet: nothing waits
+        return 0
+    for g in groups:
+        name = g.get("name")
+        if (name.decode() if isinstance(name, bytes) else name) == streams.VALIDATOR_GROUP:
+            return int(g.get("lag") or 0) + int(g.get("pending") or 0)
+    return 0
+
+
+@router.post("/submit", response_model=SubmitReply)
+async def submit(
+    body: RolloutSubmission, signer: str = Depends(get_signer), pool: Pool = Depends(get_pool)
+) -> SubmitReply:
+    check_identity("submit", signer, body.worker, pool, body.pool_id)
+    await check_registered("submit", pool, body.worker)
+    lease = await pool.leases.get(body.lease_id)
+    if lease is None:
+        raise refuse("submit", 404, f"unknown or expired lease {body.lease_id}", "unknown_lease")
+    if lease.worker.lower() != body.worker.lower():
+        raise refuse("submit", 403, "this lease was issued to another worker", "foreign_lease")
+    if time.time() > lease.expires_at:
+        raise refuse("submit", 410, "the lease expired before submission", "lease_expired")
+    if lease.task_id != body.task_id or len(body.completions) != lease.group_size:
+        raise refuse(
+            "submit", 422,
+            "submission does not answer its lease (task id or group size differ)",
+            "lease_mismatch",
+        )
+    info = await pool.policy.info()
+    if info is None or body.policy_version > info.version:
+        raise refuse("submit", 422, f"policy v{body.policy_version} was never announced",
+                     "unknown_policy")
+    oldest = max(info.min_version, lease.min_policy_version)
+    if body.policy_version < oldest:
+        raise refuse(
+            "submit", 409,
+            f"policy v{body.policy_version} is outside the async bound (oldest admitted "
+            f"v{oldest})",
+            "stale_policy",
+        )
+    submission_id = hashlib.sha256(
+        f"{body.lease_id}:{body.content_hash()}".encode()
+    ).hexdigest()[:32]
+    if not await pool.leases.mark_submitted(lease, submission_id):
+        raise refuse("submit", 409, "this lease was already answered", "duplicate")
+    entry = SubmittedRollout(submission_id=submission_id, lease=lease, submission=body)
+    await pool.redis.xadd(streams.ROLLOUTS_SUBMITTED, streams.encode(entry))
+    metrics.SUBMISSIONS.inc()
+    return SubmitReply(submission_id=submission_id)
