@@ -91,6 +91,13 @@ class SignedManifest(Versioned):
     signature: str = Field(description="EIP-191 signature by `manifest.trainer` over the JSON.")
 
 
+class RelayVersions(Versioned):
+    """Relay/origin -> anyone: `GET /v1/versions`, the complete versions it can serve."""
+
+    versions: list[int] = Field(description="Complete versions held, oldest first.")
+    latest: int | None = Field(description="Newest complete version, None when empty.")
+
+
 class PolicyAnnouncement(Versioned):
     """Trainer -> `policy:announcements`: version `version` is on the origin and may be used."""
 
@@ -109,6 +116,7 @@ class PolicyInfo(Message):
     manifest_path: str
     relays: list[str] = Field(description="Base URLs of relays serving the policy.")
     min_version: int = Field(description="Oldest version whose rollouts are still admitted.")
+    trainer: Address = Field(description="Key that signs manifests; downloads are checked by it.")
 
 
 # ---------------------------------------------------------------- worker <-> orchestrator

@@ -65,9 +65,7 @@ def find_anvil() -> Path:
 def dev_accounts(n: int = 10, mnemonic: str = DEV_MNEMONIC) -> list[LocalAccount]:
     """The first `n` accounts anvil funds for `mnemonic` (BIP-44 path m/44'/60'/0'/0/i)."""
     Account.enable_unaudited_hdwallet_features()
-    return [
-        Account.from_mnemonic(mnemonic, account_path=f"m/44'/60'/0'/0/{i}") for i in range(n)
-    ]
+    return [Account.from_mnemonic(mnemonic, account_path=f"m/44'/60'/0'/0/{i}") for i in range(n)]
 
 
 def free_port() -> int:

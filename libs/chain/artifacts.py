@@ -1,4 +1,4 @@
-"""Load the committed contract artifacts (ABI + creation bytecode) from `protocol/contracts/build`."""
+"""Load the committed contract artifacts (ABI + bytecode) from `protocol/contracts/build`."""
 
 from __future__ import annotations
 

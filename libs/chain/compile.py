@@ -7,12 +7,11 @@ test recompiles and compares, so a source edit without `prime-chain compile` is 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from .artifacts import BUILD_DIR, CONTRACTS_DIR, artifact_path
+from .files import atomic_write_text
 
 
 def source_paths(contracts_dir: Path = CONTRACTS_DIR) -> list[Path]:
@@ -46,21 +45,17 @@ def compile_all(contracts_dir: Path = CONTRACTS_DIR) -> dict[str, str]:
     return {p.stem: render(compile_source(p)) for p in source_paths(contracts_dir)}
 
 
-def write_artifacts(
-    contracts_dir: Path = CONTRACTS_DIR, build_dir: Path = BUILD_DIR
-) -> list[Path]:
+def write_artifacts(contracts_dir: Path = CONTRACTS_DIR, build_dir: Path = BUILD_DIR) -> list[Path]:
     build_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in compile_all(contracts_dir).items():
         path = artifact_path(name, build_dir)
-        _atomic_write(path, text)
+        atomic_write_text(path, text)
         written.append(path)
     return written
 
 
-def stale_artifacts(
-    contracts_dir: Path = CONTRACTS_DIR, build_dir: Path = BUILD_DIR
-) -> list[str]:
+def stale_artifacts(contracts_dir: Path = CONTRACTS_DIR, build_dir: Path = BUILD_DIR) -> list[str]:
     """Names whose committed artifact is missing or differs from a fresh compile."""
     stale = []
     for name, text in compile_all(contracts_dir).items():
@@ -68,16 +63,3 @@ def stale_artifacts(
         if not path.exists() or path.read_text() != text:
             stale.append(name)
     return stale
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    # A reader (a service starting up) never sees a half-written artifact.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise

@@ -21,7 +21,7 @@ TOKENIZER_FILE = "tokenizer.json"
 
 
 def build_tokenizer() -> Tokenizer:
-    """The project's fixed character vocabulary: <pad>=0, <bos>=1, <eos>=2, <unk>=3, then ALPHABET."""
+    """Fixed character vocabulary: <pad>=0, <bos>=1, <eos>=2, <unk>=3, then ALPHABET."""
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in ALPHABET:
         vocab[ch] = len(vocab)

@@ -88,14 +88,17 @@ def build_manifest(
     model_dir: str | Path,
     version: int,
     parent_version: int | None,
-    shard_size: int = DEFAULT_SHARD_SIZE,
-    trainer_address: str = "",
+    shard_size: int,
+    trainer_address: str,
 ) -> Manifest:
-    """Hash every regular file at the top of `model_dir` (HF model directories are flat)."""
+    """Hash every file at the top of `model_dir` (HF model directories are flat).
+
+    Symlinks are followed because Hugging Face cache snapshots are links into a blob store.
+    """
     model_dir = Path(model_dir)
     if shard_size <= 0:
         raise ValueError("shard_size must be positive")
-    paths = sorted(p for p in model_dir.iterdir() if p.is_file() and not p.is_symlink())
+    paths = sorted(p for p in model_dir.iterdir() if p.is_file())
     if not paths:
         raise ValueError(f"{model_dir} holds no files to publish")
     files = [hash_file(p, check_file_name(p.name), shard_size) for p in paths]

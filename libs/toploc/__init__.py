@@ -1,0 +1,35 @@
+"""TOPLOC: locality-sensitive proofs that a completion was generated with the claimed weights.
+
+Public API::
+
+    build_proof(hidden, context) -> bytes
+    verify_proof(hidden, proof, context, thresholds=Thresholds()) -> VerifyResult
+    build_proofs_batch / verify_proofs_batch  (many completions at once)
+"""
+
+from .codec import HEADER_BYTES, ProofFormatError
+from .context import ProofContext
+from .proof import (
+    CHUNK_SIZE,
+    TOPK,
+    build_proof,
+    build_proofs_batch,
+    verify_proof,
+    verify_proofs_batch,
+)
+from .verdict import ChunkStats, Thresholds, VerifyResult
+
+__all__ = [
+    "CHUNK_SIZE",
+    "HEADER_BYTES",
+    "TOPK",
+    "ChunkStats",
+    "ProofContext",
+    "ProofFormatError",
+    "Thresholds",
+    "VerifyResult",
+    "build_proof",
+    "build_proofs_batch",
+    "verify_proof",
+    "verify_proofs_batch",
+]

@@ -17,17 +17,18 @@ EXP_MASK = 0xFF
 MANT_MASK = 0x7F
 
 
+def canonical(bits: np.ndarray) -> np.ndarray:
+    """Replace every NaN pattern by CANONICAL_NAN."""
+    nan = ((bits & 0x7F80) == 0x7F80) & ((bits & MANT_MASK) != 0)
+    return np.where(nan, CANONICAL_NAN, bits) if nan.any() else bits
+
+
 def bf16_bits(hidden: torch.Tensor) -> np.ndarray:
     """Round ``hidden`` to bf16 and return its 16-bit patterns as int64 (NaNs canonicalized)."""
     if hidden.dtype != torch.bfloat16:
         hidden = hidden.detach().to(torch.bfloat16)
     raw = hidden.detach().cpu().contiguous().view(torch.int16).numpy()
-    bits = raw.astype(np.int64) & 0xFFFF
-    nan = (bits & 0x7F80) == 0x7F80
-    nan &= (bits & MANT_MASK) != 0
-    if nan.any():
-        bits = np.where(nan, CANONICAL_NAN, bits)
-    return bits
+    return canonical(raw.astype(np.int64) & 0xFFFF)
 
 
 @dataclass(frozen=True)
@@ -49,24 +50,53 @@ class ChunkLayout:
     def chunk_k(self, i: int) -> int:
         return min(self.topk, self.chunk_tokens(i) * self.hidden_size)
 
-    def ks(self) -> list[int]:
-        return [self.chunk_k(i) for i in range(self.n_chunks)]
+    def runs(self) -> list[tuple[int, int, int]]:
+        """(first_chunk, n_chunks, k): the full chunks, then the partial last chunk if any.
+
+        Closed form rather than a per-chunk list, so a forged header cannot make us iterate.
+        """
+        n_full, rem = divmod(self.n_tokens, self.chunk_size)
+        out = []
+        if n_full:
+            out.append((0, n_full, min(self.topk, self.chunk_size * self.hidden_size)))
+        if rem:
+            out.append((n_full, 1, min(self.topk, rem * self.hidden_size)))
+        return out
+
+    def proof_body_bytes(self) -> int:
+        return sum(n * (2 + 2 * k) for _, n, k in self.runs())
 
 
-def topk_indices(bits: np.ndarray, k: int) -> np.ndarray:
-    """Flat indices of the ``k`` largest-magnitude values in each row of ``bits`` ([N, n]).
+def select_topk(rows: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Flat indices ([N, k]) of the ``k`` largest-magnitude values of each bf16 row ([N, n]) and
+    those values' bit patterns.
 
-    Ties are broken towards the lower index, so the prover and the validator pick the same set
-    whenever their values agree; torch.topk alone leaves tie order unspecified, and bf16 has many
-    exact ties. The magnitude is the low 15 bits, which order like |value| for non-NaN bf16.
+    Ties at the k-th magnitude go to the lowest indices, so prover and validator pick the same set
+    whenever their values agree: torch.topk leaves tie order unspecified, and bf16 has many exact
+    ties. Selection runs on int16 magnitudes (the low 15 bits order like |value| for non-NaN bf16)
+    so the full rows are never widened; only the k winners are.
     """
-    n = bits.shape[-1]
+    raw = rows.view(torch.int16)
+    n = raw.shape[-1]
     if k >= n:
-        return np.broadcast_to(np.arange(n, dtype=np.int64), bits.shape).copy()
-    mag = torch.from_numpy(bits & 0x7FFF)
-    # One int64 sort key: magnitude in the high bits, reversed index in the low 32 bits.
-    key = (mag << 32) | (0xFFFFFFFF - torch.arange(n, dtype=torch.int64))
-    return torch.topk(key, k, dim=-1, sorted=False).indices.numpy()
+        idx = torch.arange(n, dtype=torch.int64).expand(raw.shape[0], n)
+    else:
+        mag = raw & 0x7FFF
+        top = torch.topk(mag, k, dim=-1, sorted=True)
+        kth = top.values[:, -1:]
+        n_above = (top.values > kth).sum(dim=1)
+        # Positions n_above..k-1 hold arbitrary ties at the k-th magnitude; refill them with the
+        # lowest-index ties, found in row-major order by nonzero().
+        tie_rows, tie_cols = (mag == kth).nonzero(as_tuple=True)
+        per_row = torch.bincount(tie_rows, minlength=raw.shape[0])
+        starts = torch.cumsum(per_row, 0) - per_row
+        rank = torch.arange(tie_rows.numel()) - starts[tie_rows]
+        keep = rank < (k - n_above)[tie_rows]
+        idx = top.indices.clone()
+        kept_rows = tie_rows[keep]
+        idx[kept_rows, n_above[kept_rows] + rank[keep]] = tie_cols[keep]
+    vals = torch.gather(raw, 1, idx).numpy().astype(np.int64) & 0xFFFF
+    return idx.numpy(), canonical(vals)
 
 
 def split_fields(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

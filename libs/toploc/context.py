@@ -21,7 +21,7 @@ import numpy as np
 
 from .gf import P
 
-DIGEST_BYTES = 20
+DIGEST_BYTES = 16
 _DOMAIN = b"prime-swarm/toploc/v1\x00"
 
 
@@ -64,12 +64,18 @@ def _splitmix64(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def chunk_keys(digest: bytes, chunk_indices: np.ndarray) -> np.ndarray:
-    """One 64-bit key per chunk, so identical hidden states in two chunks commit differently."""
-    base = np.uint64(int.from_bytes(digest[:8], "little"))
+def key_base(digest: bytes) -> int:
+    """The 64-bit seed of a context's masks."""
+    return int.from_bytes(digest[:8], "little")
+
+
+def chunk_keys(bases: np.ndarray, chunk_indices: np.ndarray) -> np.ndarray:
+    """One 64-bit key per chunk (``bases`` from key_base, one per chunk row), so identical hidden
+    states in two chunks or two contexts commit differently."""
     idx = chunk_indices.astype(np.uint64)
     with np.errstate(over="ignore"):
-        return _splitmix64(base ^ _splitmix64(idx + np.uint64(0x9E3779B97F4A7C15)))
+        mixed = _splitmix64(idx + np.uint64(0x9E3779B97F4A7C15))
+        return _splitmix64(bases.astype(np.uint64) ^ mixed)
 
 
 def value_mask(keys: np.ndarray, xs: np.ndarray) -> np.ndarray:
@@ -77,10 +83,3 @@ def value_mask(keys: np.ndarray, xs: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         z = _splitmix64(keys[:, None] ^ (xs.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
     return (z % np.uint64(P)).astype(np.int64)
-
-
-def truncated_digest(context: ProofContext) -> bytes:
-    return context.digest()[:DIGEST_BYTES]
-
-
-__all__ = ["DIGEST_BYTES", "ProofContext", "chunk_keys", "truncated_digest", "value_mask"]

@@ -15,6 +15,7 @@ class OrchestratorSettings(BaseSettings):
     rpc_url: str = Field("http://127.0.0.1:8545", description="JSON-RPC of the ledger's chain.")
     ledger_address: str = Field(..., description="Address of the deployed SwarmLedger.")
     pool_id: int = Field(..., ge=1, description="The on-chain pool this orchestrator fronts.")
+    trainer_address: str = Field(..., description="The trainer key that signs manifests.")
     relays: list[str] = Field(
         default_factory=list, description="Relay base URLs handed to workers for downloads."
     )

@@ -8,6 +8,7 @@ import time
 from redis.asyncio import Redis
 
 from prime_swarm.libs.rl.envs import get_env
+from prime_swarm.libs.rl.envs.base import hash_int
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import Lease, PolicyAnnouncement, PolicyInfo, SamplingParams
 
@@ -48,6 +49,7 @@ class PolicyTracker:
             manifest_path=ann.manifest_path,
             relays=self.settings.relays,
             min_version=max(0, ann.version - self.settings.async_level),
+            trainer=self.settings.trainer_address,
         )
 
 
@@ -73,7 +75,9 @@ class LeaseBook:
 
     async def issue(self, worker: str, pool_id: int, min_version: int) -> Lease:
         index = int(await self.redis.incr(TASK_COUNTER)) - 1
-        task = self.env.train_task(self.settings.task_seed, index)
+        # The pool's task stream is a pure function of (seed, counter): workers cannot steer it.
+        task_index = hash_int("lease", self.settings.task_seed, index, nbytes=6)
+        task = self.env.task_from_id(self.env.task_id("train", task_index))
         now = time.time()
         lease = Lease(
             lease_id=secrets.token_hex(12),

@@ -48,8 +48,8 @@ class Env(ABC):
         """`n` tasks of `split`, a pure function of (seed, split)."""
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}")
-        return [self.task_from_id(self.task_id(split, hash_int(self.name, split, seed, k, nbytes=6)))
-                for k in range(n)]
+        indices = (hash_int(self.name, split, seed, k, nbytes=6) for k in range(n))
+        return [self.task_from_id(self.task_id(split, i)) for i in indices]
 
     @abstractmethod
     def task_from_id(self, task_id: str) -> Task:

@@ -16,7 +16,11 @@ HELDOUT_PERCENT = 10
 
 class ReverseEnv(Env):
     def __init__(
-        self, name: str = "reverse", alphabet: str = string.digits, min_len: int = 3, max_len: int = 7
+        self,
+        name: str = "reverse",
+        alphabet: str = string.digits,
+        min_len: int = 3,
+        max_len: int = 7,
     ) -> None:
         self.name = name
         self.alphabet = alphabet

@@ -1,0 +1,288 @@
+"""`prime-chain`: compile, deploy and administer the ledger from the command line.
+
+Machine-readable results go to stdout (a pool id, a JSON document); everything else to stderr.
+Bad input exits non-zero with one line naming the problem, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from decimal import Decimal, InvalidOperation
+
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+from web3 import Web3
+
+from .anvil import dev_accounts
+from .client import LedgerClient
+from .deploy import DEFAULT_SLASH_BPS, deploy_ledger
+from .deployment import write_deployment
+from .errors import ChainError
+from .keyfile import KeyFileError, load_or_create_key
+
+PRIVATE_KEY_ENV = "PRIME_CHAIN_PRIVATE_KEY"
+_AMOUNT = re.compile(r"^(\d+(?:\.\d+)?)\s*(wei|gwei|ether|eth)?$", re.IGNORECASE)
+_UNIT_WEI = {"wei": 1, "gwei": 10**9, "ether": 10**18, "eth": 10**18}
+
+
+# --- argument types ---------------------------------------------------------------------------
+
+
+def amount(text: str) -> int:
+    """Wei from '1000', '2gwei' or '0.5ether'; fractions of a wei are refused, not rounded."""
+    match = _AMOUNT.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"invalid amount {text!r} (use wei, or a number with gwei/ether, e.g. 0.5ether)"
+        )
+    try:
+        wei = Decimal(match.group(1)) * _UNIT_WEI[(match.group(2) or "wei").lower()]
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"invalid amount {text!r}") from None
+    if wei != wei.to_integral_value():
+        raise argparse.ArgumentTypeError(f"amount {text!r} is not a whole number of wei")
+    return int(wei)
+
+
+def pool_id(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"invalid pool id {text!r} (a positive integer)")
+    return int(text)
+
+
+def address(text: str) -> str:
+    if not Web3.is_address(text):
+        raise argparse.ArgumentTypeError(f"invalid address {text!r}")
+    return Web3.to_checksum_address(text)
+
+
+def bps(text: str) -> int:
+    if not text.isdigit() or int(text) > 10_000:
+        raise argparse.ArgumentTypeError(f"invalid basis points {text!r} (0..10000)")
+    return int(text)
+
+
+# --- shared options ---------------------------------------------------------------------------
+
+
+def _add_key_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("signing key (one of)")
+    g.add_argument("--key-file", help="JSON key file; created (mode 0600) if missing")
+    g.add_argument(
+        "--private-key",
+        help=f"hex private key (prefer ${PRIVATE_KEY_ENV}: arguments are visible to other users)",
+    )
+    g.add_argument(
+        "--dev-account",
+        type=int,
+        metavar="INDEX",
+        help="anvil dev account INDEX (public keys: local chains only)",
+    )
+
+
+def _add_deployment_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--deployment", required=True, help="deployment JSON written by `deploy`")
+    p.add_argument("--rpc-url", help="override the deployment's RPC URL")
+    p.add_argument("--timeout", type=float, default=60.0, help="receipt timeout, seconds")
+
+
+def _account(args: argparse.Namespace) -> LocalAccount:
+    private_key = args.private_key or os.environ.get(PRIVATE_KEY_ENV, "").strip() or None
+    given = [x is not None for x in (args.key_file, private_key, args.dev_account)]
+    if sum(given) != 1:
+        raise ChainError(
+            f"give exactly one of --key-file, --private-key (or ${PRIVATE_KEY_ENV}), --dev-account"
+        )
+    if args.key_file:
+        return load_or_create_key(args.key_file)
+    if private_key:
+        try:
+            return Account.from_key(private_key)
+        except (ValueError, TypeError):
+            raise ChainError("the private key is not a valid 32-byte hex key") from None
+    if args.dev_account < 0:
+        raise ChainError("--dev-account must be >= 0")
+    return dev_accounts(args.dev_account + 1)[args.dev_account]
+
+
+def _client(args: argparse.Namespace, signer: bool) -> LedgerClient:
+    account = _account(args) if signer else None
+    return LedgerClient.from_deployment(
+        args.deployment, account, rpc_url=args.rpc_url, timeout=args.timeout
+    )
+
+
+def _print_json(data: object) -> None:
+    print(json.dumps(data, indent=2))
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from .compile import stale_artifacts, write_artifacts
+
+    if args.check:
+        stale = stale_artifacts()
+        if stale:
+            print(
+                f"stale artifacts: {', '.join(stale)}; run `prime-chain compile`", file=sys.stderr
+            )
+            return 1
+        print("artifacts are up to date", file=sys.stderr)
+        return 0
+    for path in write_artifacts():
+        print(path)
+    return 0
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    deployment = deploy_ledger(
+        args.rpc_url, _account(args), slash_bps=args.slash_bps, timeout=args.timeout
+    )
+    write_deployment(args.out, deployment)
+    print(f"deployed {deployment.contract} at block {deployment.block}", file=sys.stderr)
+    print(deployment.address)
+    return 0
+
+
+def cmd_create_pool(args: argparse.Namespace) -> int:
+    new_id = _client(args, signer=True).create_pool(
+        args.orchestrator_url, args.min_stake, args.reward_per_unit
+    )
+    print(new_id)
+    return 0
+
+
+def cmd_set_orchestrator_url(args: argparse.Namespace) -> int:
+    _client(args, signer=True).set_orchestrator_url(args.pool, args.orchestrator_url)
+    return 0
+
+
+def cmd_register_validator(args: argparse.Namespace) -> int:
+    _client(args, signer=True).register_validator(args.pool, args.validator)
+    return 0
+
+
+def cmd_remove_validator(args: argparse.Namespace) -> int:
+    _client(args, signer=True).remove_validator(args.pool, args.validator)
+    return 0
+
+
+def cmd_fund_pool(args: argparse.Namespace) -> int:
+    client = _client(args, signer=True)
+    client.fund_pool(args.pool, args.amount)
+    print(client.pool_funds(args.pool))
+    return 0
+
+
+def cmd_pool_info(args: argparse.Namespace) -> int:
+    _print_json(asdict(_client(args, signer=False).get_pool(args.pool)))
+    return 0
+
+
+def cmd_balances(args: argparse.Namespace) -> int:
+    client = _client(args, signer=False)
+    client.get_pool(args.pool)  # an unknown pool is an error, not a row of zeros
+    pid, worker = args.pool, args.worker
+    _print_json(
+        {
+            "pool_id": pid,
+            "worker": worker,
+            "is_member": client.is_member(pid, worker),
+            "is_validator": client.is_validator(pid, worker),
+            "stake": client.stake_of(pid, worker),
+            "reward_balance": client.reward_balance(pid, worker),
+            "work_units": client.work_units(pid, worker),
+            "native_balance": client.balance_of(worker),
+        }
+    )
+    return 0
+
+
+# --- parser -----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prime-chain", description="Compile, deploy and administer the Prime Swarm ledger."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(
+        name: str, handler: Callable[[argparse.Namespace], int], help: str
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(handler=handler)
+        return p
+
+    p = command("compile", cmd_compile, "compile protocol/contracts/*.vy into build/*.json")
+    p.add_argument("--check", action="store_true", help="only check the artifacts are current")
+
+    p = command("deploy", cmd_deploy, "deploy the ledger and write a deployment record")
+    p.add_argument("--rpc-url", required=True)
+    p.add_argument("--out", default="deployment.json", help="deployment record path")
+    p.add_argument("--slash-bps", type=bps, default=DEFAULT_SLASH_BPS)
+    p.add_argument("--timeout", type=float, default=120.0, help="receipt timeout, seconds")
+    _add_key_options(p)
+
+    p = command("create-pool", cmd_create_pool, "open a pool; prints its id")
+    _add_deployment_options(p)
+    p.add_argument("--orchestrator-url", required=True)
+    p.add_argument("--min-stake", type=amount, required=True)
+    p.add_argument("--reward-per-unit", type=amount, required=True)
+    _add_key_options(p)
+
+    p = command("set-orchestrator-url", cmd_set_orchestrator_url, "change a pool's URL")
+    _add_deployment_options(p)
+    p.add_argument("--pool", type=pool_id, required=True)
+    p.add_argument("--orchestrator-url", required=True)
+    _add_key_options(p)
+
+    for name, handler, text in (
+        ("register-validator", cmd_register_validator, "let an address attest and slash"),
+        ("remove-validator", cmd_remove_validator, "revoke a validator"),
+    ):
+        p = command(name, handler, text)
+        _add_deployment_options(p)
+        p.add_argument("--pool", type=pool_id, required=True)
+        p.add_argument("--validator", type=address, required=True)
+        _add_key_options(p)
+
+    p = command("fund-pool", cmd_fund_pool, "add reward funds; prints the pool's funds")
+    _add_deployment_options(p)
+    p.add_argument("--pool", type=pool_id, required=True)
+    p.add_argument("--amount", type=amount, required=True)
+    _add_key_options(p)
+
+    p = command("pool-info", cmd_pool_info, "print a pool as JSON")
+    _add_deployment_options(p)
+    p.add_argument("--pool", type=pool_id, required=True)
+
+    p = command("balances", cmd_balances, "print a worker's stake and rewards as JSON")
+    _add_deployment_options(p)
+    p.add_argument("--pool", type=pool_id, required=True)
+    p.add_argument("--worker", type=address, required=True)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits 2 with a usage line on bad arguments
+    try:
+        return args.handler(args)
+    except (ChainError, KeyFileError, OSError) as exc:
+        print(f"prime-chain {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Deploy the ledger from the committed artifact and describe where it landed."""
+
+from __future__ import annotations
+
+from eth_account.signers.local import LocalAccount
+
+from .artifacts import LEDGER_CONTRACT, load_artifact
+from .deployment import Deployment
+from .errors import ChainError
+from .transactions import TxSender, chain_errors, make_web3
+
+# 10% of a worker's stake per slash: enough to make cheating cost more than it earns on a
+# single bad rollout, small enough that one validator error is not ruinous.
+DEFAULT_SLASH_BPS = 1_000
+
+
+def deploy_ledger(
+    rpc_url: str,
+    account: LocalAccount,
+    *,
+    slash_bps: int = DEFAULT_SLASH_BPS,
+    timeout: float = 120.0,
+) -> Deployment:
+    """Deploy SwarmLedger with `account`; returns the record to write with `write_deployment`."""
+    if not 0 <= slash_bps <= 10_000:
+        raise ChainError(f"slash_bps must be within 0..10000, got {slash_bps}")
+    artifact = load_artifact(LEDGER_CONTRACT)
+    w3 = make_web3(rpc_url)
+    with chain_errors("deploy", rpc_url):
+        chain_id = w3.eth.chain_id
+    factory = w3.eth.contract(abi=artifact.abi, bytecode=artifact.bytecode)
+    sender = TxSender(w3, account, timeout=timeout)
+    receipt = sender.send(factory.constructor(slash_bps), f"deploy {artifact.name}")
+    return Deployment(
+        rpc_url=rpc_url,
+        chain_id=chain_id,
+        address=receipt["contractAddress"],
+        deployer=account.address,
+        block=receipt["blockNumber"],
+        tx_hash=receipt["transactionHash"].to_0x_hex(),
+        contract=artifact.name,
+        slash_bps=slash_bps,
+    )

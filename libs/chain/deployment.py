@@ -1,0 +1,45 @@
+"""The deployment record: where a ledger lives; written by `prime-chain deploy`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .errors import ChainError
+from .files import atomic_write_text
+
+
+@dataclass(frozen=True)
+class Deployment:
+    rpc_url: str
+    chain_id: int
+    address: str
+    deployer: str
+    block: int
+    tx_hash: str
+    contract: str
+    slash_bps: int
+
+
+def write_deployment(path: str | Path, deployment: Deployment) -> None:
+    atomic_write_text(Path(path), json.dumps(asdict(deployment), indent=2) + "\n")
+
+
+def load_deployment(path: str | Path) -> Deployment:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ChainError(f"deployment file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ChainError(f"cannot read deployment file {path}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ChainError(f"deployment file {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ChainError(f"deployment file {path} does not hold a JSON object")
+    fields = Deployment.__dataclass_fields__
+    missing = sorted(set(fields) - set(data))
+    if missing:
+        raise ChainError(f"deployment file {path} lacks {', '.join(missing)}")
+    return Deployment(**{name: data[name] for name in fields})

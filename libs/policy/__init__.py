@@ -1,0 +1,1 @@
+"""Policy versions on a machine that uses them: fetched through relays, verified, loaded."""

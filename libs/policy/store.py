@@ -1,0 +1,85 @@
+"""Download a signed policy version through SHARDCAST relays and keep the last few loaded.
+
+Workers and validators share this: both must hold the exact announced weights, verified against
+the trainer's signature, never trusting the relay that served them.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from prime_swarm.libs.model.gpt import TinyGPT
+from prime_swarm.libs.model.io import load_pretrained
+from prime_swarm.libs.shardcast.client import download_version
+
+log = logging.getLogger("policy")
+
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclass
+class LoadedPolicy:
+    version: int
+    model_hash: str
+    model: TinyGPT
+    tokenizer: Tokenizer
+
+
+class PolicyError(RuntimeError):
+    pass
+
+
+class PolicyStore:
+    def __init__(
+        self,
+        cache_dir: Path,
+        trusted_trainer: str,
+        keep: int = 3,
+        timeout_s: float = 60.0,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.cache_dir, self.trusted_trainer = Path(cache_dir), trusted_trainer
+        self.keep, self.timeout_s, self.dtype = keep, timeout_s, dtype
+        self._loaded: OrderedDict[int, LoadedPolicy] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(
+        self, version: int, relays: list[str], progress: ProgressFn | None = None
+    ) -> LoadedPolicy:
+        with self._lock:
+            if version in self._loaded:
+                self._loaded.move_to_end(version)
+                return self._loaded[version]
+        target = self.cache_dir / f"v{version}"
+        try:
+            manifest = download_version(
+                relays, version, target, self.trusted_trainer,
+                timeout_s=self.timeout_s, progress=progress,
+            )
+        except Exception as exc:
+            raise PolicyError(f"could not fetch policy v{version}: {exc}") from exc
+        model, tok = load_pretrained(target, dtype=self.dtype)
+        model.eval()
+        policy = LoadedPolicy(version, manifest.model_hash, model, tok)
+        with self._lock:
+            self._loaded[version] = policy
+            while len(self._loaded) > self.keep:
+                old, _ = self._loaded.popitem(last=False)
+                shutil.rmtree(self.cache_dir / f"v{old}", ignore_errors=True)
+        log.info("policy loaded", extra={"fields": {"version": version}})
+        return policy
+
+    def latest_loaded(self) -> LoadedPolicy | None:
+        with self._lock:
+            if not self._loaded:
+                return None
+            return self._loaded[max(self._loaded)]

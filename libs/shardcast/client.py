@@ -1,0 +1,314 @@
+"""Downloading a policy version through untrusted relays, verifying everything on the way."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Literal
+
+import httpx
+from pydantic import ValidationError
+
+from prime_swarm.protocol.manifest_signing import ManifestError, verify_manifest
+from prime_swarm.protocol.messages import RelayVersions, ShardInfo, SignedManifest
+
+from . import routes
+from .errors import NotAvailableError, ShardHashError
+from .fetch import ShardTask, fetch_all
+from .manifest import READ_CHUNK, check_layout
+from .relays import RelayPool, as_pool
+from .verify import ShardVerifier
+
+VersionSpec = int | Literal["latest"]
+Progress = Callable[[int, int], None]  # (bytes done, bytes total); called from worker threads
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+
+
+def make_http_client(timeout_s: float, max_connections: int = 32) -> httpx.Client:
+    """A client whose every request has a timeout (connect, read, write and pool wait)."""
+    return httpx.Client(
+        timeout=httpx.Timeout(timeout_s),
+        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=32),
+        follow_redirects=False,
+    )
+
+
+def list_versions(
+    relay: str, *, timeout_s: float = 10.0, http: httpx.Client | None = None
+) -> RelayVersions:
+    body = _get_capped(http, routes.join(relay, routes.VERSIONS), timeout_s, 1024 * 1024)
+    return RelayVersions.model_validate_json(body)
+
+
+def wait_for_version(
+    relay: str, version: int, *, timeout_s: float = 30.0, poll_s: float = 0.2
+) -> RelayVersions:
+    """Block until `relay` lists `version` as complete; TimeoutError otherwise."""
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    with make_http_client(min(5.0, timeout_s)) as http:
+        while True:
+            try:
+                listing = list_versions(relay, http=http)
+                if version in listing.versions:
+                    return listing
+                last = listing
+            except (httpx.HTTPError, ValidationError) as exc:
+                last = exc
+            if time.monotonic() + poll_s > deadline:
+                raise TimeoutError(
+                    f"{relay} did not list version {version} in {timeout_s}s: {last}"
+                )
+            time.sleep(poll_s)
+
+
+def fetch_manifest(
+    relays: Iterable[str] | RelayPool,
+    version: VersionSpec,
+    trusted_trainer: str,
+    timeout: float = 10.0,
+    *,
+    http: httpx.Client | None = None,
+) -> SignedManifest:
+    """Return a manifest signed by `trusted_trainer`, trying relays in turn.
+
+    For "latest" every relay's listing is asked and the highest claimed version that some relay
+    can back with a valid signature wins, so one lagging or lying relay cannot pin an old version.
+    """
+    pool = as_pool(relays)
+    if version != "latest":
+        return _fetch_verified(pool, int(version), trusted_trainer, timeout, http)
+    claims: set[int] = set()
+    for relay in pool.candidates():
+        try:
+            listing = list_versions(relay, timeout_s=timeout, http=http)
+        except (httpx.HTTPError, ValidationError) as exc:
+            pool.record_error(relay, f"listing: {type(exc).__name__}: {exc}")
+            continue
+        if listing.latest is not None:
+            claims.add(listing.latest)
+    problems = []
+    for v in sorted(claims, reverse=True):
+        try:
+            return _fetch_verified(pool, v, trusted_trainer, timeout, http)
+        except NotAvailableError as exc:
+            problems.append(str(exc))
+    raise NotAvailableError(
+        f"no relay offers a valid latest version ({'; '.join(problems) or 'none listed any'})"
+    )
+
+
+def _fetch_verified(
+    pool: RelayPool, version: int, trusted: str, timeout: float, http: httpx.Client | None
+) -> SignedManifest:
+    reasons = []
+    for relay in pool.candidates():
+        url = routes.join(relay, routes.manifest_path(version))
+        try:
+            body = _get_capped(http, url, timeout, MAX_MANIFEST_BYTES)
+        except _NotFound:
+            pool.record_miss(relay, "manifest not held")
+            reasons.append(f"{relay}: not held")
+            continue
+        except httpx.HTTPError as exc:
+            pool.record_error(relay, f"manifest: {type(exc).__name__}: {exc}")
+            reasons.append(f"{relay}: {type(exc).__name__}")
+            continue
+        try:
+            signed = SignedManifest.model_validate_json(body)
+            verify_manifest(signed, trusted)
+            if signed.manifest.version != version:
+                raise ManifestError(f"asked for version {version}, got {signed.manifest.version}")
+        except (ValidationError, ManifestError) as exc:
+            # A relay cannot produce a valid signature, so a bad manifest is its doing.
+            reason = f"bad manifest for version {version}: {str(exc).splitlines()[0]}"
+            pool.demote(relay, reason)
+            reasons.append(f"{relay}: {reason}")
+            continue
+        check_layout(signed.manifest)  # signed but unusable: the trainer's bug, abort loudly
+        return signed
+    raise NotAvailableError(f"manifest of version {version}: {'; '.join(reasons)}")
+
+
+class _NotFound(httpx.HTTPError):
+    pass
+
+
+def _get_capped(http: httpx.Client | None, url: str, timeout: float, cap: int) -> bytes:
+    """GET a small document without letting a hostile server make us buffer gigabytes."""
+    client = http or make_http_client(timeout)
+    try:
+        with client.stream("GET", url, timeout=timeout) as resp:
+            if resp.status_code == 404:
+                raise _NotFound(f"{url}: 404")
+            resp.raise_for_status()
+            parts, size = [], 0
+            for chunk in resp.iter_bytes():
+                size += len(chunk)
+                if size > cap:
+                    raise httpx.DecodingError(f"{url}: response larger than {cap} bytes")
+                parts.append(chunk)
+            return b"".join(parts)
+    finally:
+        if http is None:
+            client.close()
+
+
+class _RegionSink:
+    """Writes a shard straight into its place in the output file.
+
+    Bytes of a failed attempt may stay behind, but the retry overwrites exactly the same region
+    (the verifier stops any write past the shard's end), and the file hash is checked at the end.
+    """
+
+    def __init__(self, fd: int, shard: ShardInfo) -> None:
+        self._fd = fd
+        self._pos = shard.offset
+        self._verifier = ShardVerifier(shard)
+
+    def write(self, chunk: bytes) -> None:
+        self._verifier.update(chunk)
+        view = memoryview(chunk)
+        while view:
+            n = os.pwrite(self._fd, view, self._pos)
+            self._pos += n
+            view = view[n:]
+
+    def commit(self) -> None:
+        self._verifier.finish()
+
+    def abort(self) -> None:
+        pass
+
+
+def download_version(
+    relays: Iterable[str] | RelayPool,
+    version: VersionSpec,
+    out_dir: str | Path,
+    trusted_trainer: str,
+    *,
+    timeout_s: float = 10.0,
+    attempts_per_shard: int | None = None,
+    deadline_s: float | None = None,
+    max_workers: int = 8,
+    progress: Progress | None = None,
+    manifest: SignedManifest | None = None,
+    overwrite: bool = False,
+    verify_files: bool = True,
+    http: httpx.Client | None = None,
+) -> Path:
+    """Download, verify and atomically install a policy version as a model directory.
+
+    `relays` may be a RelayPool to keep relay health across calls and read `pool.demoted`
+    afterwards. `timeout_s` bounds each request; `attempts_per_shard` (default: twice the number
+    of relays, at least 3) and `deadline_s` (whole download) bound the retries.
+    """
+    pool = as_pool(relays)
+    out_dir = Path(out_dir)
+    deadline = time.monotonic() + deadline_s if deadline_s is not None else None
+    own_http = http is None
+    client = http or make_http_client(timeout_s, max_connections=max(8, 2 * max_workers))
+    try:
+        if manifest is None:
+            signed = fetch_manifest(pool, version, trusted_trainer, timeout_s, http=client)
+        else:
+            verify_manifest(manifest, trusted_trainer)
+            check_layout(manifest.manifest)
+            signed = manifest
+        m = signed.manifest
+        if version != "latest" and m.version != version:
+            raise ValueError(f"manifest is for version {m.version}, not {version}")
+        if out_dir.exists() and not overwrite:
+            raise FileExistsError(f"{out_dir} exists (pass overwrite=True to replace it)")
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.partial-"))
+        try:
+            _download_into(
+                client, pool, signed, staging, attempts_per_shard, deadline, max_workers, progress
+            )
+            if verify_files:
+                _verify_files(signed, staging)
+            _install(staging, out_dir)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return out_dir
+    finally:
+        if own_http:
+            client.close()
+
+
+def _download_into(
+    http: httpx.Client,
+    pool: RelayPool,
+    signed: SignedManifest,
+    staging: Path,
+    attempts_per_shard: int | None,
+    deadline: float | None,
+    max_workers: int,
+    progress: Progress | None,
+) -> None:
+    m = signed.manifest
+    total = sum(f.size for f in m.files)
+    done = 0
+    lock = threading.Lock()
+
+    def shard_done(task: ShardTask) -> None:
+        nonlocal done
+        with lock:
+            done += task.shard.size
+            now = done
+        if progress is not None:
+            progress(now, total)
+
+    fds: dict[str, int] = {}
+    try:
+        for f in m.files:
+            fd = os.open(staging / f.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fds[f.name] = fd
+            os.ftruncate(fd, f.size)  # sparse: shards may land in any order
+        tasks = [ShardTask(f, s) for f in m.files for s in f.shards]
+        fetch_all(
+            http,
+            pool,
+            m.version,
+            tasks,
+            lambda t: _RegionSink(fds[t.file.name], t.shard),
+            attempts_per_shard=attempts_per_shard,
+            deadline=deadline,
+            max_workers=max_workers,
+            on_shard_done=shard_done,
+        )
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    if progress is not None and total == 0:
+        progress(0, 0)
+
+
+def _verify_files(signed: SignedManifest, staging: Path) -> None:
+    # Every shard was verified; this catches a manifest whose shard table and file hash disagree.
+    for f in signed.manifest.files:
+        h = hashlib.sha256()
+        with open(staging / f.name, "rb") as fh:
+            while data := fh.read(READ_CHUNK * 4):
+                h.update(data)
+        if h.hexdigest() != f.sha256:
+            raise ShardHashError(f"{f.name}: file sha256 differs from the signed manifest")
+
+
+def _install(staging: Path, out_dir: Path) -> None:
+    if not out_dir.exists():
+        os.rename(staging, out_dir)
+        return
+    # Replace: move the old one aside first so out_dir is never a mix of two versions.
+    old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.old-"))
+    os.rename(out_dir, old / "x")
+    os.rename(staging, out_dir)
+    shutil.rmtree(old, ignore_errors=True)

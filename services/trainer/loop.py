@@ -1,0 +1,148 @@
+"""The trainer: verified rollouts in, one GRPO step, a signed new policy version out."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import redis
+import torch
+from eth_account.signers.local import LocalAccount
+
+from prime_swarm.libs.model.io import load_pretrained, save_pretrained
+from prime_swarm.libs.rl.grpo import GRPOConfig, RolloutGroup, grpo_step
+from prime_swarm.libs.shardcast.publish import publish_version
+from prime_swarm.libs.shardcast.routes import manifest_path
+from prime_swarm.libs.streams.consumer import Entry, GroupReader
+from prime_swarm.protocol import streams
+from prime_swarm.protocol.messages import PolicyAnnouncement, VerifiedRollout
+
+from . import metrics, progress
+from .settings import TrainerSettings
+
+log = logging.getLogger("trainer")
+
+
+class Trainer:
+    def __init__(self, settings: TrainerSettings, account: LocalAccount) -> None:
+        self.s, self.account = settings, account
+        torch.manual_seed(settings.seed)
+        self.r = redis.Redis.from_url(settings.redis_url, socket_timeout=30)
+        self.reader = GroupReader(
+            self.r, streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP, settings.consumer,
+            VerifiedRollout, min_idle_ms=settings.reclaim_idle_ms,
+        )
+        self.step = 0
+        start_dir = settings.init_model_dir
+        latest = self._latest_announcement()
+        resumed = latest is not None and (self._ckpt(latest.version)).exists()
+        if resumed:
+            # Restart after a crash: continue from the last published version.
+            assert latest is not None
+            self.step = latest.version
+            start_dir = self._ckpt(latest.version)
+        self.model, self.tokenizer = load_pretrained(start_dir)
+        self.model.train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.lr, weight_decay=0.0)
+        self.cfg = GRPOConfig(
+            clip_eps=settings.clip_eps, temperature=settings.temperature,
+            max_grad_norm=settings.max_grad_norm,
+        )
+        self.stale_dropped = 0
+        self.started = time.time()
+        if not resumed:
+            self.publish()
+        log.info("trainer ready", extra={"fields": {"step": self.step, "resumed": resumed}})
+
+    def _ckpt(self, version: int) -> Path:
+        return self.s.checkpoint_dir / f"v{version}"
+
+    def _latest_announcement(self) -> PolicyAnnouncement | None:
+        entries = self.r.xrevrange(streams.POLICY_ANNOUNCEMENTS, count=1)
+        return streams.decode(PolicyAnnouncement, entries[0][1]) if entries else None
+
+    def publish(self) -> None:
+        """Save the current weights as version `step`, push them to the origin, announce."""
+        out = save_pretrained(self.model, self.tokenizer, self._ckpt(self.step))
+        signed = publish_version(
+            self.s.origin_url, out, version=self.step,
+            parent_version=self.step - 1 if self.step > 0 else None,
+            account=self.account, shard_size=self.s.shard_size, timeout=self.s.http_timeout_s,
+        )
+        ann = PolicyAnnouncement(
+            version=self.step, step=self.step, model_hash=signed.manifest.model_hash,
+            manifest_path=manifest_path(self.step),
+        )
+        self.r.xadd(streams.POLICY_ANNOUNCEMENTS, streams.encode(ann), maxlen=10_000,
+                    approximate=True)
+        metrics.POLICY_VERSION.set(self.step)
+        for old in range(self.step - self.s.keep_checkpoints, -1, -1):
+            if old > 0 and self._ckpt(old).exists():  # v0 is kept: it is the start of RL
+                shutil.rmtree(self._ckpt(old), ignore_errors=True)
+            else:
+                break
+
+    def collect(self) -> tuple[list[VerifiedRollout], list[str]]:
+        """Block until a step's worth of fresh groups is in; stale ones are dropped (and acked)."""
+        batch: list[VerifiedRollout] = []
+        ids: list[str] = []
+        while len(batch) < self.s.groups_per_step:
+            entries: list[Entry[VerifiedRollout]] = self.reader.read(
+                self.s.groups_per_step - len(batch), block_ms=1000
+            )
+            metrics.QUEUE_LAG.set(self.reader.lag())
+            for e in entries:
+                msg = e.message
+                if msg is None:
+                    log.warning("dropping undecodable entry", extra={"fields": {"err": e.error}})
+                    self.reader.ack(e.entry_id)
+                elif msg.policy_version < self.step - self.s.async_level:
+                    # Bounded staleness (DESIGN.md §3.4): too old to train on by now.
+                    self.stale_dropped += 1
+                    metrics.STALE_DROPPED.inc()
+                    self.reader.ack(e.entry_id)
+                else:
+                    batch.append(msg)
+                    ids.append(e.entry_id)
+        return batch, ids
+
+    def train_step(self) -> progress.StepProgress:
+        batch, ids = self.collect()
+        t0 = time.time()
+        groups = [
+            RolloutGroup(
+                prompt_ids=r.prompt_token_ids,
+                completions=[c.token_ids for c in r.completions],
+                behaviour_logprobs=[c.logprobs for c in r.completions],
+                rewards=[c.reward for c in r.completions],
+            )
+            for r in batch
+        ]
+        stats = grpo_step(self.model, self.opt, groups, self.cfg)
+        lags = [self.step - r.policy_version for r in batch]
+        rewards = [c.reward for r in batch for c in r.completions]
+        self.step += 1
+        self.publish()
+        # Acknowledge only once the step's effect (the new version) is durable.
+        self.reader.ack(*ids)
+        row = progress.StepProgress(
+            step=self.step, version=self.step, mean_reward=sum(rewards) / len(rewards),
+            groups=len(batch), policy_lag_mean=sum(lags) / len(lags), policy_lag_max=max(lags),
+            stale_dropped=self.stale_dropped,
+            accepted_total=int(self.r.xlen(streams.ROLLOUTS_VERIFIED)),
+            rejected_total=int(self.r.xlen(streams.ROLLOUTS_REJECTED)),
+            loss=float(stats["loss"]), clip_frac=float(stats.get("clip_frac", 0.0)),
+            seconds=time.time() - t0, wall=time.time() - self.started,
+        )
+        metrics.STEPS.inc()
+        metrics.MEAN_REWARD.set(row.mean_reward)
+        progress.append(self.s.progress_file, row)
+        log.info("step", extra={"fields": row.model_dump()})
+        return row
+
+    def run(self) -> None:
+        while self.step < self.s.max_steps:
+            self.train_step()
+        log.info("reached max_steps", extra={"fields": {"step": self.step}})

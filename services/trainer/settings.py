@@ -1,0 +1,36 @@
+"""Trainer settings: environment variables prefixed PRIME_TRAINER_."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class TrainerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PRIME_TRAINER_", extra="ignore")
+
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis with the streams.")
+    origin_url: str = Field(..., description="SHARDCAST origin that receives each version.")
+    key_file: Path = Field(..., description="Trainer key file; its address signs manifests.")
+    init_model_dir: Path = Field(..., description="HF-format model RL starts from (v0).")
+    checkpoint_dir: Path = Field(..., description="Where each version is saved as safetensors.")
+    progress_file: Path | None = Field(None, description="JSONL file with one line per step.")
+    max_steps: int = Field(40, ge=1, description="Optimizer steps before the trainer exits.")
+    groups_per_step: int = Field(16, ge=1, description="Rollout groups (prompts) per step.")
+    async_level: int = Field(2, ge=0, description="Drop rollouts older than step - async_level.")
+    lr: float = Field(3e-4, gt=0, description="AdamW learning rate.")
+    clip_eps: float = Field(0.2, gt=0, description="PPO-style ratio clip of the GRPO loss.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the leases.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    shard_size: int = Field(1 << 20, gt=0, description="SHARDCAST shard size in bytes.")
+    keep_checkpoints: int = Field(4, ge=1, description="Local versions kept on disk.")
+    consumer: str = Field("trainer-0", description="Consumer name in the trainer group.")
+    reclaim_idle_ms: int = Field(30_000, description="Reclaim entries idle this long.")
+    http_timeout_s: float = Field(30.0, gt=0, description="Timeout of each upload request.")
+    metrics_host: str = Field("127.0.0.1", description="Interface for /healthz and /metrics.")
+    metrics_port: int = Field(0, description="Port for /healthz and /metrics (0: disabled).")
+    threads: int = Field(1, ge=1, description="torch intra-op threads.")
+    seed: int = Field(0, description="torch seed.")
+    log_level: str = Field("INFO", description="Log level.")

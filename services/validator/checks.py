@@ -1,0 +1,109 @@
+"""The checks a submission must pass, each failing with a named reason.
+
+Pure functions of (submission, lease, recomputed model outputs): the service loop only gathers
+their inputs. Order matters: cheap structural checks first, the prefill-backed ones after.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prime_swarm.libs.model.tokenizer import decode, encode
+from prime_swarm.libs.policy.store import LoadedPolicy
+from prime_swarm.libs.rl.envs import get_env
+from prime_swarm.libs.rl.sampling import PrefillOutput, completion_logprobs, replay_check
+from prime_swarm.libs.toploc import ProofContext, verify_proof
+from prime_swarm.protocol.messages import (
+    RejectReason,
+    SubmittedRollout,
+    VerifiedCompletion,
+)
+
+
+@dataclass
+class Rejection(Exception):
+    reason: RejectReason
+    detail: str
+
+
+def check_lease(entry: SubmittedRollout, policy_tokenizer: object | None = None) -> None:
+    sub, lease = entry.submission, entry.lease
+    if sub.lease_id != lease.lease_id or sub.worker.lower() != lease.worker.lower():
+        raise Rejection("lease_mismatch", "submission is not for this lease or this worker")
+    if sub.task_id != lease.task_id or sub.pool_id != lease.pool_id:
+        raise Rejection("lease_mismatch", "task or pool differ from the lease")
+    if len(sub.completions) != lease.group_size:
+        raise Rejection(
+            "lease_mismatch", f"{len(sub.completions)} completions for group size "
+            f"{lease.group_size}"
+        )
+    for i, c in enumerate(sub.completions):
+        if not c.token_ids:
+            raise Rejection("bad_termination", f"completion {i} is empty")
+        if len(c.token_ids) > lease.sampling.max_new_tokens:
+            raise Rejection("bad_termination", f"completion {i} exceeds max_new_tokens")
+
+
+def check_version(entry: SubmittedRollout, current_version: int, async_level: int) -> None:
+    v = entry.submission.policy_version
+    if v > current_version:
+        raise Rejection("unknown_policy", f"v{v} was never announced (latest v{current_version})")
+    oldest = max(current_version - async_level, entry.lease.min_policy_version)
+    if v < oldest:
+        raise Rejection("stale_policy", f"v{v} is older than the oldest admitted v{oldest}")
+
+
+def check_prompt(entry: SubmittedRollout, policy: LoadedPolicy) -> None:
+    expected = encode(policy.tokenizer, entry.lease.prompt, add_bos=True)
+    if entry.submission.prompt_token_ids != expected:
+        raise Rejection("lease_mismatch", "prompt tokens differ from the leased prompt")
+
+
+def check_completions(
+    entry: SubmittedRollout,
+    policy: LoadedPolicy,
+    prefilled: list[PrefillOutput],
+    replay_tolerance: float,
+    reward_tolerance: float,
+) -> list[VerifiedCompletion]:
+    """Proof, sampling replay, termination and reward of every completion in the group."""
+    sub, lease = entry.submission, entry.lease
+    eos = policy.model.config.eos_token_id
+    env = get_env(lease.env)
+    task = env.task_from_id(lease.task_id)
+    out: list[VerifiedCompletion] = []
+    for i, (c, pre) in enumerate(zip(sub.completions, prefilled, strict=True)):
+        ctx = ProofContext(
+            model_hash=policy.model_hash, lease_id=lease.lease_id, sample_index=i,
+            token_ids=c.token_ids,
+        )
+        result = verify_proof(pre.hidden, c.proof, ctx)
+        if not result.ok:
+            raise Rejection("bad_proof", f"completion {i}: {result.reason}")
+        ok, bad_pos = replay_check(
+            pre.logits, c.token_ids, lease.sampling.temperature, lease.seed, i, replay_tolerance
+        )
+        if not ok:
+            raise Rejection(
+                "sampling_mismatch", f"completion {i}: token {bad_pos} is not the seeded choice"
+            )
+        if eos in c.token_ids[:-1]:
+            raise Rejection("bad_termination", f"completion {i} continues after EOS")
+        ended_eos = c.token_ids[-1] == eos
+        if c.finish_reason == "eos" and not ended_eos:
+            raise Rejection("bad_termination", f"completion {i} claims EOS but does not end in it")
+        if c.finish_reason == "length" and (
+            ended_eos or len(c.token_ids) != lease.sampling.max_new_tokens
+        ):
+            raise Rejection("bad_termination", f"completion {i} stopped early without EOS")
+        reward = env.reward(task, decode(policy.tokenizer, c.token_ids))
+        if c.claimed_reward is not None and abs(c.claimed_reward - reward) > reward_tolerance:
+            raise Rejection(
+                "reward_mismatch", f"completion {i} claims {c.claimed_reward}, scores {reward}"
+            )
+        out.append(VerifiedCompletion(
+            token_ids=c.token_ids,
+            logprobs=completion_logprobs(pre, c.token_ids, lease.sampling.temperature),
+            reward=reward,
+        ))
+    return out

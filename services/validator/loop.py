@@ -1,0 +1,204 @@
+"""The validator: submitted rollouts in, verdicts out (stream + chain)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+
+import redis
+from eth_account.signers.local import LocalAccount
+
+from prime_swarm.libs.chain.client import LedgerClient
+from prime_swarm.libs.policy.store import LoadedPolicy, PolicyError, PolicyStore
+from prime_swarm.libs.rl.sampling import prefill
+from prime_swarm.libs.streams.consumer import Entry, GroupReader
+from prime_swarm.protocol import streams
+from prime_swarm.protocol.messages import (
+    PolicyAnnouncement,
+    SubmittedRollout,
+    Verdict,
+    VerifiedCompletion,
+    VerifiedRollout,
+)
+
+from . import checks, metrics
+from .ledger_queue import ChainAction, LedgerQueue, work_key
+from .settings import ValidatorSettings
+
+log = logging.getLogger("validator")
+
+# Staleness at validation time can be the queue's fault, not the worker's: refused, not slashed.
+NOT_SLASHED = {"stale_policy"}
+SEEN_TTL_S = 7 * 24 * 3600
+
+
+class Validator:
+    def __init__(self, settings: ValidatorSettings, account: LocalAccount) -> None:
+        self.s, self.account = settings, account
+        self.r = redis.Redis.from_url(settings.redis_url, socket_timeout=30)
+        self.reader = GroupReader(
+            self.r, streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, settings.consumer,
+            SubmittedRollout, min_idle_ms=settings.reclaim_idle_ms,
+        )
+        self.ledger = LedgerClient(
+            settings.rpc_url, settings.ledger_address, account=account,
+            timeout=settings.chain_timeout_s,
+        )
+        if not self.ledger.is_validator(settings.pool_id, account.address):
+            raise SystemExit(
+                f"{account.address} is not a registered validator of pool {settings.pool_id}"
+            )
+        self.queue = LedgerQueue(
+            self.r, self.ledger, settings.pool_id, settings.attest_batch_size,
+            settings.attest_interval_s,
+        )
+        self.store = PolicyStore(
+            settings.cache_dir, settings.trusted_trainer, keep=settings.keep_versions,
+            timeout_s=settings.http_timeout_s,
+        )
+        self.counts: dict[str, int] = defaultdict(int)
+
+    def current_version(self) -> int:
+        entries = self.r.xrevrange(streams.POLICY_ANNOUNCEMENTS, count=1)
+        return streams.decode(PolicyAnnouncement, entries[0][1]).version if entries else -1
+
+    def _first_sighting(self, entry: SubmittedRollout) -> bool:
+        """Content seen before under another submission id is a replay (across workers, too)."""
+        key = f"validator:seen:{entry.submission.content_hash()}"
+        if self.r.set(key, entry.submission_id, nx=True, ex=SEEN_TTL_S):
+            return True
+        held = self.r.get(key)
+        # The same submission reclaimed after a crash is not a duplicate of itself.
+        return (held.decode() if isinstance(held, bytes) else held) == entry.submission_id
+
+    def validate_batch(self, entries: list[Entry[SubmittedRollout]]) -> None:
+        started = time.monotonic()
+        current = self.current_version()
+        verdicts: list[tuple[str, SubmittedRollout, Verdict, VerifiedRollout | None]] = []
+        survivors: dict[int, list[tuple[str, SubmittedRollout, LoadedPolicy]]] = defaultdict(list)
+        undecodable: list[str] = []
+        for e in entries:
+            if e.message is None:
+                log.warning("undecodable submission dropped", extra={"fields": {"err": e.error}})
+                undecodable.append(e.entry_id)
+                continue
+            msg = e.message
+            try:
+                checks.check_lease(msg)
+                checks.check_version(msg, current, self.s.async_level)
+                if not self._first_sighting(msg):
+                    raise checks.Rejection("duplicate", "identical work was submitted before")
+                try:
+                    policy = self.store.get(msg.submission.policy_version, self.s.relays)
+                except PolicyError as exc:
+                    raise checks.Rejection("unknown_policy", str(exc)[:300]) from exc
+                checks.check_prompt(msg, policy)
+            except checks.Rejection as rej:
+                verdicts.append((e.entry_id, msg, self._verdict(msg, rej), None))
+                continue
+            survivors[policy.version].append((e.entry_id, msg, policy))
+
+        for items in survivors.values():
+            # One padded prefill per policy version for the whole batch: the expensive part.
+            policy = items[0][2]
+            seqs = [
+                (m.submission.prompt_token_ids, c.token_ids)
+                for _, m, _ in items for c in m.submission.completions
+            ]
+            outputs = prefill(policy.model, seqs)
+            at = 0
+            for entry_id, msg, _ in items:
+                n = len(msg.submission.completions)
+                mine, at = outputs[at : at + n], at + n
+                try:
+                    completions = checks.check_completions(
+                        msg, policy, mine, self.s.replay_tolerance, self.s.reward_tolerance
+                    )
+                except checks.Rejection as rej:
+                    verdicts.append((entry_id, msg, self._verdict(msg, rej), None))
+                    continue
+                verdict = self._verdict(msg, None, completions)
+                verdicts.append((entry_id, msg, verdict, self._verified(msg, verdict, completions)))
+        self._commit(verdicts, undecodable)
+        metrics.LATENCY.observe(time.monotonic() - started)
+        versions = [m.submission.policy_version for _, m, _, _ in verdicts]
+        if versions and current >= 0:
+            metrics.VERSION_LAG.set(current - sum(versions) / len(versions))
+
+    def _verdict(
+        self,
+        msg: SubmittedRollout,
+        rej: checks.Rejection | None,
+        completions: list[VerifiedCompletion] | None = None,
+    ) -> Verdict:
+        return Verdict(
+            submission_id=msg.submission_id, lease_id=msg.lease.lease_id,
+            worker=msg.submission.worker, pool_id=msg.lease.pool_id, accepted=rej is None,
+            reason=rej.reason if rej else None, detail=rej.detail if rej else "",
+            units=sum(len(c.token_ids) for c in completions) if completions else 0,
+            validator=self.account.address,
+        )
+
+    @staticmethod
+    def _verified(
+        msg: SubmittedRollout, verdict: Verdict, completions: list[VerifiedCompletion]
+    ) -> VerifiedRollout:
+        return VerifiedRollout(
+            submission_id=msg.submission_id, worker=msg.submission.worker,
+            task_id=msg.submission.task_id, policy_version=msg.submission.policy_version,
+            prompt_token_ids=msg.submission.prompt_token_ids, completions=completions,
+            verdict=verdict,
+        )
+
+    def _commit(
+        self,
+        verdicts: list[tuple[str, SubmittedRollout, Verdict, VerifiedRollout | None]],
+        undecodable: list[str],
+    ) -> None:
+        """Verdicts, chain actions and ACKs in one Redis transaction: all or nothing."""
+        pipe = self.r.pipeline(transaction=True)
+        for entry_id, msg, verdict, verified in verdicts:
+            key = work_key(msg.lease.pool_id, msg.submission_id).hex()
+            if verified is not None:
+                pipe.xadd(streams.ROLLOUTS_VERIFIED, streams.encode(verified))
+                action = ChainAction("attest", verdict.worker, key, units=verdict.units)
+            else:
+                pipe.xadd(streams.ROLLOUTS_REJECTED, streams.encode(verdict))
+                action = None if verdict.reason in NOT_SLASHED else ChainAction(
+                    "slash", verdict.worker, key, reason=str(verdict.reason)
+                )
+            if action is not None:
+                pipe.rpush(self.queue.key, action.dumps())
+            pipe.xack(streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, entry_id)
+            label = "accepted" if verdict.accepted else str(verdict.reason)
+            self.counts[label] += 1
+            metrics.VERDICTS.labels(label).inc()
+            if not verdict.accepted:
+                log.info("rejected", extra={"fields": {
+                    "worker": verdict.worker, "reason": verdict.reason, "detail": verdict.detail}})
+        for entry_id in undecodable:
+            pipe.xack(streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, entry_id)
+        pipe.execute()
+
+    def run_once(self, block_ms: int = 1000) -> int:
+        entries = self.reader.read(self.s.batch_size, block_ms=block_ms)
+        if entries:
+            self.validate_batch(entries)
+        if self.queue.due():
+            self.queue.flush()
+        metrics.QUEUE_DEPTH.set(self.reader.lag())
+        metrics.CHAIN_QUEUE.set(self.queue.pending())
+        return len(entries)
+
+    def run(self, stop: object | None = None) -> None:
+        log.info("validating", extra={"fields": {"pool": self.s.pool_id}})
+        while stop is None or not stop.is_set():  # type: ignore[attr-defined]
+            self.run_once()
+
+    def drain_chain_queue(self) -> None:
+        while self.queue.pending():
+            before = self.queue.pending()
+            self.queue.flush()
+            if self.queue.pending() == before:
+                break

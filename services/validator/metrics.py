@@ -1,0 +1,13 @@
+from prometheus_client import Counter, Gauge, Histogram
+
+VERDICTS = Counter("validator_verdicts_total", "Verdicts by outcome and reason", ["reason"])
+LATENCY = Histogram(
+    "validator_batch_seconds", "Seconds to validate one batch",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+)
+QUEUE_DEPTH = Gauge("validator_queue_depth", "Submissions waiting for validation")
+CHAIN_QUEUE = Gauge("validator_chain_queue", "Chain actions waiting to be sent")
+ATTESTED_UNITS = Counter("validator_attested_units_total", "Units attested on chain")
+SLASHES = Counter("validator_slashes_total", "Slashing transactions sent")
+CHAIN_ERRORS = Counter("validator_chain_errors_total", "Failed chain flushes")
+VERSION_LAG = Gauge("validator_policy_lag", "Latest version minus the last batch's mean version")

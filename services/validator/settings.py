@@ -1,0 +1,38 @@
+"""Validator settings: environment variables prefixed PRIME_VALIDATOR_."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ValidatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PRIME_VALIDATOR_", extra="ignore")
+
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis with the streams.")
+    rpc_url: str = Field("http://127.0.0.1:8545", description="JSON-RPC of the ledger's chain.")
+    ledger_address: str = Field(..., description="Address of the SwarmLedger contract.")
+    pool_id: int = Field(..., ge=1, description="Pool whose work this validator checks.")
+    key_file: Path = Field(..., description="Validator key; registered on chain by the owner.")
+    trusted_trainer: str = Field(..., description="Trainer address that signs manifests.")
+    relays: list[str] = Field(..., description="Relay URLs to download policies from.")
+    cache_dir: Path = Field(Path(".cache/validator"), description="Downloaded policies.")
+    keep_versions: int = Field(4, ge=1, description="Policy versions kept loaded.")
+    async_level: int = Field(2, ge=0, description="Admit policy v while v >= step - async_level.")
+    replay_tolerance: float = Field(
+        1e-3, ge=0, description="Near-tie slack when replaying Gumbel-max sampling."
+    )
+    reward_tolerance: float = Field(1e-6, ge=0, description="Slack on a claimed reward.")
+    batch_size: int = Field(16, ge=1, description="Submissions read (and prefilled) per batch.")
+    attest_batch_size: int = Field(32, ge=1, description="Work items per attest transaction.")
+    attest_interval_s: float = Field(2.0, gt=0, description="Flush attestations at least this often.")
+    consumer: str = Field("validator-0", description="Consumer name in the validators group.")
+    reclaim_idle_ms: int = Field(30_000, description="Reclaim entries idle this long.")
+    chain_timeout_s: float = Field(30.0, gt=0, description="Timeout of each chain call.")
+    http_timeout_s: float = Field(30.0, gt=0, description="Timeout of each download request.")
+    metrics_host: str = Field("127.0.0.1", description="Interface for /healthz and /metrics.")
+    metrics_port: int = Field(0, description="Port for /healthz and /metrics (0: disabled).")
+    threads: int = Field(1, ge=1, description="torch intra-op threads.")
+    log_level: str = Field("INFO", description="Log level.")

@@ -1,0 +1,87 @@
+"""`prime-worker`: contribute compute to a pool.
+
+    prime-worker join --pool 1 --rpc-url http://127.0.0.1:8545 --ledger 0x...
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from prime_swarm.libs.observability.logs import setup_logging
+from prime_swarm.protocol.keys import KeyFileError, load_or_create_key
+
+from .settings import WorkerSettings
+
+
+def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> WorkerSettings:
+    overrides = {
+        "pool_id": args.pool, "rpc_url": args.rpc_url, "ledger_address": args.ledger,
+        "key_file": args.key_file, "cache_dir": getattr(args, "cache_dir", None),
+        "max_rollouts": getattr(args, "max_rollouts", None),
+        "unstake_on_exit": True if getattr(args, "unstake_on_exit", False) else None,
+        "progress": False if getattr(args, "no_progress", False) else None,
+    }
+    try:
+        return WorkerSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except Exception as exc:
+        parser.error(str(exc))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="prime-worker", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in (("join", "stake, register and generate rollouts until Ctrl-C"),
+                            ("leave", "unstake from a pool"),
+                            ("address", "print (and create) this worker's address")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--pool", type=int, help="on-chain pool id (PRIME_WORKER_POOL_ID)")
+        p.add_argument("--rpc-url", help="chain JSON-RPC URL (PRIME_WORKER_RPC_URL)")
+        p.add_argument("--ledger", help="ledger contract address (PRIME_WORKER_LEDGER_ADDRESS)")
+        p.add_argument("--key-file", type=Path, help="key file, created if missing")
+        if name == "join":
+            p.add_argument("--cache-dir", type=Path)
+            p.add_argument("--max-rollouts", type=int)
+            p.add_argument("--unstake-on-exit", action="store_true")
+            p.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+
+    if args.command == "address":
+        key_file = args.key_file or WorkerSettings.model_fields["key_file"].default
+        print(load_or_create_key(key_file).address)
+        return
+    settings = _settings(parser, args)
+    log = setup_logging("worker", settings.log_level)
+    try:
+        account = load_or_create_key(settings.key_file)
+    except KeyFileError as exc:
+        parser.exit(2, f"prime-worker: {exc}\n")
+    import torch
+
+    torch.set_num_threads(settings.threads)
+    from .runner import JoinError, Worker
+
+    worker = Worker(settings, account)
+    if args.command == "leave":
+        worker.ledger.leave(settings.pool_id)
+        print(f"{account.address} left pool {settings.pool_id}")
+        return
+    # Ctrl-C / SIGTERM: finish the rollout in hand, then stop (and unstake if asked).
+    def request_stop(*_: object) -> None:
+        worker.stop.set()
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        worker.run()
+    except JoinError as exc:
+        log.error(str(exc))
+        print(f"prime-worker: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""A contributor's worker: stake, register, heartbeat, fetch policies, answer leases."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from eth_account.signers.local import LocalAccount
+from tqdm import tqdm
+
+from prime_swarm.libs.chain.client import LedgerClient
+from prime_swarm.libs.policy.store import LoadedPolicy, PolicyError, PolicyStore
+from prime_swarm.protocol.messages import (
+    Heartbeat,
+    LeaseRequest,
+    PolicyInfo,
+    RegisterRequest,
+)
+
+from .client import OrchestratorClient, OrchestratorError
+from .rollout import answer_lease
+from .settings import WorkerSettings
+
+log = logging.getLogger("worker")
+GAS_HEADROOM_WEI = 10**16  # enough for join + leave on any dev chain
+
+
+class JoinError(RuntimeError):
+    """A problem the contributor must fix (funding, pool id); printed without a traceback."""
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings, account: LocalAccount) -> None:
+        self.s, self.account = settings, account
+        self.ledger = LedgerClient(
+            settings.rpc_url, settings.ledger_address, account=account,
+            timeout=settings.chain_timeout_s,
+        )
+        self.stop = threading.Event()
+        self.policy_info: PolicyInfo | None = None
+        self.store: PolicyStore | None = None
+        self.submitted = 0
+        self.refused = 0
+
+    # ------------------------------------------------------------------ joining
+    def join_pool(self) -> str:
+        """Stake into the pool if needed; return the orchestrator URL named on chain."""
+        try:
+            pool = self.ledger.get_pool(self.s.pool_id)
+        except Exception as exc:
+            raise JoinError(f"pool {self.s.pool_id} not found on chain: {exc}") from exc
+        if not self.ledger.is_member(self.s.pool_id, self.account.address):
+            balance = self.ledger.balance_of(self.account.address)
+            need = pool.min_stake + GAS_HEADROOM_WEI
+            if balance < need:
+                raise JoinError(
+                    f"{self.account.address} holds {balance} wei; staking into pool "
+                    f"{self.s.pool_id} needs {pool.min_stake} wei plus gas. Fund it and retry."
+                )
+            self.ledger.join(self.s.pool_id, pool.min_stake)
+            log.info("staked", extra={"fields": {"pool": self.s.pool_id, "wei": pool.min_stake}})
+        return pool.orchestrator_url
+
+    # ------------------------------------------------------------------ loops
+    def _heartbeat_loop(self, client: OrchestratorClient, interval: float) -> None:
+        while not self.stop.wait(interval):
+            held = self.store.latest_loaded() if self.store else None
+            try:
+                reply = client.heartbeat(Heartbeat(
+                    worker=self.account.address, pool_id=self.s.pool_id,
+                    policy_version=held.version if held else None,
+                ))
+                if reply.policy is not None:
+                    self.policy_info = reply.policy
+            except Exception as exc:  # a missed heartbeat is not fatal; the next one retries
+                log.warning("heartbeat failed: %s", exc)
+
+    def _current_policy(self) -> LoadedPolicy | None:
+        info = self.policy_info
+        if info is None:
+            return None
+        if self.store is None:
+            self.store = PolicyStore(
+                self.s.cache_dir / self.account.address.lower(), info.trainer,
+                keep=self.s.keep_versions, timeout_s=self.s.http_timeout_s * 4,
+            )
+        held = self.store.latest_loaded()
+        if held is not None and held.version >= info.version:
+            return held
+        bar = tqdm(
+            total=0, unit="B", unit_scale=True, desc=f"policy v{info.version}",
+            disable=not self.s.progress, leave=False,
+        )
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.n = done
+            bar.refresh()
+
+        try:
+            return self.store.get(info.version, info.relays, progress=progress)
+        except PolicyError as exc:
+            log.warning("%s; keeping the held version", exc)
+            return held
+        finally:
+            bar.close()
+
+    def run(self) -> None:
+        orchestrator_url = self.join_pool()
+        client = OrchestratorClient(
+            orchestrator_url, self.account, self.s.http_timeout_s, self.s.retry_budget
+        )
+        try:
+            reply = client.register(RegisterRequest(
+                worker=self.account.address, pool_id=self.s.pool_id, backend=self.s.backend,
+            ))
+        except OrchestratorError as exc:
+            raise JoinError(f"registration refused: {exc}") from exc
+        self.policy_info = reply.policy
+        log.info("registered", extra={"fields": {"orchestrator": orchestrator_url}})
+        hb = threading.Thread(
+            target=self._heartbeat_loop, args=(client, reply.heartbeat_interval_s), daemon=True
+        )
+        hb.start()
+        try:
+            self._work(client)
+        finally:
+            self.stop.set()
+            client.close()
+            if self.s.unstake_on_exit:
+                self.ledger.leave(self.s.pool_id)
+                log.info("left the pool and unstaked")
+            log.info("worker stopped", extra={"fields": {
+                "submitted": self.submitted, "refused": self.refused}})
+
+    def _work(self, client: OrchestratorClient) -> None:
+        while not self.stop.is_set():
+            if self.s.max_rollouts and self.submitted >= self.s.max_rollouts:
+                return
+            policy = self._current_policy()
+            if policy is None:
+                self.stop.wait(0.5)
+                continue
+            try:
+                lease_reply = client.lease(LeaseRequest(
+                    worker=self.account.address, pool_id=self.s.pool_id,
+                    policy_version=policy.version,
+                ))
+            except OrchestratorError as exc:
+                if exc.reason == "stale_policy":
+                    self._refresh_policy_info(client)
+                else:
+                    log.warning("lease refused: %s", exc)
+                    self.stop.wait(1.0)
+                continue
+            if lease_reply.lease is None:
+                self.stop.wait(lease_reply.retry_after_s or 0.5)
+                continue
+            started = time.monotonic()
+            submission = answer_lease(policy, lease_reply.lease)
+            try:
+                client.submit(submission)
+                self.submitted += 1
+                log.info("submitted", extra={"fields": {
+                    "lease": submission.lease_id, "version": policy.version,
+                    "seconds": round(time.monotonic() - started, 3)}})
+            except OrchestratorError as exc:
+                self.refused += 1
+                log.warning("submission refused: %s", exc)
+
+    def _refresh_policy_info(self, client: OrchestratorClient) -> None:
+        held = self.store.latest_loaded() if self.store else None
+        reply = client.heartbeat(Heartbeat(
+            worker=self.account.address, pool_id=self.s.pool_id,
+            policy_version=held.version if held else None,
+        ))
+        if reply.policy is not None:
+            self.policy_info = reply.policy

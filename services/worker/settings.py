@@ -1,0 +1,34 @@
+"""Worker settings: environment variables prefixed PRIME_WORKER_, flags override them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PRIME_WORKER_", extra="ignore")
+
+    pool_id: int = Field(..., ge=1, description="On-chain pool to join.")
+    rpc_url: str = Field("http://127.0.0.1:8545", description="JSON-RPC of the ledger's chain.")
+    ledger_address: str = Field(..., description="Address of the SwarmLedger contract.")
+    key_file: Path = Field(
+        Path.home() / ".prime-swarm" / "worker-key.json",
+        description="The worker's Ethereum key; created on first use.",
+    )
+    cache_dir: Path = Field(
+        Path.home() / ".prime-swarm" / "policies", description="Downloaded policy versions."
+    )
+    backend: Literal["torch", "vllm"] = Field("torch", description="Generation backend.")
+    threads: int = Field(1, ge=1, description="torch intra-op threads.")
+    http_timeout_s: float = Field(30.0, gt=0, description="Timeout of each HTTP request.")
+    retry_budget: int = Field(5, ge=0, description="Retries of a failing request before giving up.")
+    chain_timeout_s: float = Field(30.0, gt=0, description="Timeout of each chain call.")
+    max_rollouts: int = Field(0, ge=0, description="Stop after this many submissions (0: never).")
+    unstake_on_exit: bool = Field(False, description="Leave the pool (unstake) on Ctrl-C.")
+    keep_versions: int = Field(3, ge=1, description="Policy versions kept in the cache.")
+    progress: bool = Field(True, description="Show download progress bars.")
+    log_level: str = Field("INFO", description="Log level.")
