@@ -1,7 +1,9 @@
 """`prime-chain`: compile, deploy and administer the ledger from the command line.
 
 Machine-readable results go to stdout (a pool id, a JSON document); everything else to stderr.
-Bad input exits non-zero with one line naming the problem, never a traceback.
+Bad input exits non-zero with one line naming the problem, never a traceback. web3 and
+eth-account take over a second to import, so only the commands that talk to a chain pay for them:
+`--help` and argument errors answer at once.
 """
 
 from __future__ import annotations
@@ -14,17 +16,17 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING
 
-from eth_account import Account
-from eth_account.signers.local import LocalAccount
-from web3 import Web3
+from eth_utils import is_address, to_checksum_address
 
-from .anvil import dev_accounts
-from .client import LedgerClient
-from .deploy import DEFAULT_SLASH_BPS, deploy_ledger
-from .deployment import write_deployment
-from .errors import ChainError
-from .keyfile import KeyFileError, load_or_create_key
+from .deployment import DEFAULT_SLASH_BPS
+from .errors import ChainError, KeyFileError
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from .client import LedgerClient
 
 PRIVATE_KEY_ENV = "PRIME_CHAIN_PRIVATE_KEY"
 _AMOUNT = re.compile(r"^(\d+(?:\.\d+)?)\s*(wei|gwei|ether|eth)?$", re.IGNORECASE)
@@ -57,9 +59,9 @@ def pool_id(text: str) -> int:
 
 
 def address(text: str) -> str:
-    if not Web3.is_address(text):
+    if not is_address(text):
         raise argparse.ArgumentTypeError(f"invalid address {text!r}")
-    return Web3.to_checksum_address(text)
+    return to_checksum_address(text)
 
 
 def bps(text: str) -> int:
@@ -93,6 +95,11 @@ def _add_deployment_options(p: argparse.ArgumentParser) -> None:
 
 
 def _account(args: argparse.Namespace) -> LocalAccount:
+    from eth_account import Account
+
+    from .anvil import dev_accounts
+    from .keyfile import load_or_create_key
+
     private_key = args.private_key or os.environ.get(PRIVATE_KEY_ENV, "").strip() or None
     given = [x is not None for x in (args.key_file, private_key, args.dev_account)]
     if sum(given) != 1:
@@ -112,6 +119,8 @@ def _account(args: argparse.Namespace) -> LocalAccount:
 
 
 def _client(args: argparse.Namespace, signer: bool) -> LedgerClient:
+    from .client import LedgerClient
+
     account = _account(args) if signer else None
     return LedgerClient.from_deployment(
         args.deployment, account, rpc_url=args.rpc_url, timeout=args.timeout
@@ -143,6 +152,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
+    from .deploy import deploy_ledger
+    from .deployment import write_deployment
+
     deployment = deploy_ledger(
         args.rpc_url, _account(args), slash_bps=args.slash_bps, timeout=args.timeout
     )

@@ -5,13 +5,9 @@ from __future__ import annotations
 from eth_account.signers.local import LocalAccount
 
 from .artifacts import LEDGER_CONTRACT, load_artifact
-from .deployment import Deployment
+from .deployment import DEFAULT_SLASH_BPS, Deployment
 from .errors import ChainError
 from .transactions import TxSender, chain_errors, make_web3
-
-# 10% of a worker's stake per slash: enough to make cheating cost more than it earns on a
-# single bad rollout, small enough that one validator error is not ruinous.
-DEFAULT_SLASH_BPS = 1_000
 
 
 def deploy_ledger(

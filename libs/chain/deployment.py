@@ -9,6 +9,10 @@ from pathlib import Path
 from .errors import ChainError
 from .files import atomic_write_text
 
+# 10% of a worker's stake per slash: enough to make cheating cost more than it earns on a
+# single bad rollout, small enough that one validator error is not ruinous.
+DEFAULT_SLASH_BPS = 1_000
+
 
 @dataclass(frozen=True)
 class Deployment:

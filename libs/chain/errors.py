@@ -18,3 +18,7 @@ class ChainError(Exception):
 
 class ChainRevert(ChainError):
     """The contract refused the call; `reason` holds its revert string."""
+
+
+class KeyFileError(ValueError):
+    """A key file exists but cannot be used (unreadable, malformed, wrong key)."""

@@ -14,13 +14,12 @@ from pathlib import Path
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
+from .errors import KeyFileError
 from .files import create_exclusive
 
 log = logging.getLogger(__name__)
 
-
-class KeyFileError(ValueError):
-    """The key file exists but cannot be used."""
+__all__ = ["KeyFileError", "load_key", "load_or_create_key"]
 
 
 def load_key(path: str | Path) -> LocalAccount:

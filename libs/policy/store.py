@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 
 from prime_swarm.libs.model.gpt import TinyGPT
 from prime_swarm.libs.model.io import load_pretrained
-from prime_swarm.libs.shardcast.client import download_version
+from prime_swarm.libs.shardcast.client import download_version, fetch_manifest
 
 log = logging.getLogger("policy")
 
@@ -61,15 +61,17 @@ class PolicyStore:
                 return self._loaded[version]
         target = self.cache_dir / f"v{version}"
         try:
-            manifest = download_version(
-                relays, version, target, self.trusted_trainer,
-                timeout_s=self.timeout_s, progress=progress,
+            signed = fetch_manifest(relays, version, self.trusted_trainer, self.timeout_s)
+            download_version(
+                relays, version, target, self.trusted_trainer, timeout_s=self.timeout_s,
+                deadline_s=self.timeout_s * 10, progress=progress, manifest=signed,
+                overwrite=True,
             )
         except Exception as exc:
             raise PolicyError(f"could not fetch policy v{version}: {exc}") from exc
         model, tok = load_pretrained(target, dtype=self.dtype)
         model.eval()
-        policy = LoadedPolicy(version, manifest.model_hash, model, tok)
+        policy = LoadedPolicy(version, signed.manifest.model_hash, model, tok)
         with self._lock:
             self._loaded[version] = policy
             while len(self._loaded) > self.keep:

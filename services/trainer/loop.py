@@ -12,7 +12,7 @@ import torch
 from eth_account.signers.local import LocalAccount
 
 from prime_swarm.libs.model.io import load_pretrained, save_pretrained
-from prime_swarm.libs.rl.grpo import GRPOConfig, RolloutGroup, grpo_step
+from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, grpo_step
 from prime_swarm.libs.shardcast.publish import publish_version
 from prime_swarm.libs.shardcast.routes import manifest_path
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
@@ -112,12 +112,13 @@ class Trainer:
         batch, ids = self.collect()
         t0 = time.time()
         groups = [
-            RolloutGroup(
-                prompt_ids=r.prompt_token_ids,
-                completions=[c.token_ids for c in r.completions],
-                behaviour_logprobs=[c.logprobs for c in r.completions],
-                rewards=[c.reward for c in r.completions],
-            )
+            [
+                Rollout(
+                    prompt_ids=r.prompt_token_ids, completion_ids=c.token_ids,
+                    behaviour_logprobs=c.logprobs, reward=c.reward,
+                )
+                for c in r.completions
+            ]
             for r in batch
         ]
         stats = grpo_step(self.model, self.opt, groups, self.cfg)

@@ -1,0 +1,243 @@
+"""The whole network as local processes: redis, anvil, relays, orchestrator, validator, trainer,
+workers. Each service is its own OS process started through its console script, exactly as in a
+deployment; this module only wires addresses and keys together and watches progress."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+from web3 import Web3
+
+from prime_swarm.libs.chain.anvil import Anvil
+from prime_swarm.libs.chain.client import LedgerClient
+from prime_swarm.libs.chain.deploy import deploy_ledger
+from prime_swarm.libs.localnet.ports import free_port
+from prime_swarm.libs.localnet.process import ManagedProcess, ProcessFailed
+from prime_swarm.libs.localnet.redis_server import RedisServer
+from prime_swarm.protocol import streams
+from prime_swarm.protocol.keys import write_key
+from prime_swarm.services.trainer import progress
+
+from .settings import LocalNetworkSettings
+
+
+def _script(name: str) -> str:
+    """The console script next to this interpreter (the venv's), so PATH does not matter."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+@dataclass
+class Topology:
+    redis_url: str = ""
+    rpc_url: str = ""
+    ledger: str = ""
+    pool_id: int = 0
+    origin_url: str = ""
+    relay_url: str = ""
+    orchestrator_url: str = ""
+    trainer_address: str = ""
+    validator_address: str = ""
+    workers: list[str] = field(default_factory=list)
+
+
+class LocalNetwork:
+    def __init__(self, settings: LocalNetworkSettings, init_model_dir: Path, run_dir: Path):
+        self.s, self.init_model_dir, self.run_dir = settings, init_model_dir, run_dir
+        self.logs = run_dir / "logs"
+        self.keys = run_dir / "keys"
+        self.procs: dict[str, ManagedProcess] = {}
+        self.redis: RedisServer | None = None
+        self.anvil: Anvil | None = None
+        self.topo = Topology()
+        # One torch thread per process: 3 workers, a validator and a trainer share 2 cores.
+        self.env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                    "TOKENIZERS_PARALLELISM": "false"}
+
+    # ------------------------------------------------------------------ start
+    def start(self) -> Topology:
+        t = self.topo
+        self.redis = RedisServer(self.run_dir / "redis", self.logs)
+        t.redis_url = self.redis.url
+        self.anvil = Anvil(accounts=4).start()
+        t.rpc_url = self.anvil.rpc_url
+        owner, validator = self.anvil.dev_accounts(2)
+        trainer = Account.create()
+        write_key(self.keys / "trainer.json", trainer)
+        write_key(self.keys / "validator.json", validator)
+        t.trainer_address, t.validator_address = trainer.address, validator.address
+
+        t.ledger = deploy_ledger(t.rpc_url, owner).address
+        orch_port = free_port()
+        t.orchestrator_url = f"http://127.0.0.1:{orch_port}"
+        ledger = LedgerClient(t.rpc_url, t.ledger, account=owner, timeout=30)
+        t.pool_id = ledger.create_pool(
+            t.orchestrator_url, self.s.min_stake_wei, self.s.reward_per_unit_wei
+        )
+        ledger.register_validator(t.pool_id, validator.address)
+        ledger.fund_pool(t.pool_id, 10 * 10**18)
+        workers = [Account.create() for _ in range(self.s.workers)]
+        for i, w in enumerate(workers):
+            write_key(self.keys / f"worker-{i}.json", w)
+            self._fund(w, 5 * 10**18)
+        t.workers = [w.address for w in workers]
+
+        origin_port, relay_port = free_port(), free_port()
+        t.origin_url = f"http://127.0.0.1:{origin_port}"
+        t.relay_url = f"http://127.0.0.1:{relay_port}"
+        self._spawn("origin", [
+            _script("prime-relay"), "origin", "--port", str(origin_port),
+            "--data-dir", str(self.run_dir / "origin"), "--trainer", trainer.address,
+        ]).wait_http(f"{t.origin_url}/healthz")
+        self._spawn("relay", [
+            _script("prime-relay"), "relay", "--port", str(relay_port),
+            "--data-dir", str(self.run_dir / "relay"), "--parent", t.origin_url,
+            "--trainer", trainer.address,
+        ]).wait_http(f"{t.relay_url}/healthz")
+
+        self._spawn("trainer", [_script("prime-trainer")], env={
+            "PRIME_TRAINER_REDIS_URL": t.redis_url,
+            "PRIME_TRAINER_ORIGIN_URL": t.origin_url,
+            "PRIME_TRAINER_KEY_FILE": str(self.keys / "trainer.json"),
+            "PRIME_TRAINER_INIT_MODEL_DIR": str(self.init_model_dir),
+            "PRIME_TRAINER_CHECKPOINT_DIR": str(self.run_dir / "checkpoints"),
+            "PRIME_TRAINER_PROGRESS_FILE": str(self.progress_file),
+            "PRIME_TRAINER_MAX_STEPS": str(self.s.steps),
+            "PRIME_TRAINER_GROUPS_PER_STEP": str(self.s.groups_per_step),
+            "PRIME_TRAINER_ASYNC_LEVEL": str(self.s.async_level),
+            "PRIME_TRAINER_LR": str(self.s.lr),
+            "PRIME_TRAINER_TEMPERATURE": str(self.s.temperature),
+            "PRIME_TRAINER_METRICS_PORT": str(free_port()),
+        })
+        self._spawn("validator", [_script("prime-validator")], env={
+            "PRIME_VALIDATOR_REDIS_URL": t.redis_url,
+            "PRIME_VALIDATOR_RPC_URL": t.rpc_url,
+            "PRIME_VALIDATOR_LEDGER_ADDRESS": t.ledger,
+            "PRIME_VALIDATOR_POOL_ID": str(t.pool_id),
+            "PRIME_VALIDATOR_KEY_FILE": str(self.keys / "validator.json"),
+            "PRIME_VALIDATOR_TRUSTED_TRAINER": trainer.address,
+            "PRIME_VALIDATOR_RELAYS": f'["{t.relay_url}"]',
+            "PRIME_VALIDATOR_CACHE_DIR": str(self.run_dir / "validator-cache"),
+            "PRIME_VALIDATOR_ASYNC_LEVEL": str(self.s.async_level),
+            "PRIME_VALIDATOR_METRICS_PORT": str(free_port()),
+        })
+        self._spawn("orchestrator", [_script("prime-orchestrator")], env={
+            "PRIME_ORCH_PORT": str(orch_port),
+            "PRIME_ORCH_REDIS_URL": t.redis_url,
+            "PRIME_ORCH_RPC_URL": t.rpc_url,
+            "PRIME_ORCH_LEDGER_ADDRESS": t.ledger,
+            "PRIME_ORCH_POOL_ID": str(t.pool_id),
+            "PRIME_ORCH_TRAINER_ADDRESS": trainer.address,
+            "PRIME_ORCH_RELAYS": f'["{t.relay_url}"]',
+            "PRIME_ORCH_GROUP_SIZE": str(self.s.group_size),
+            "PRIME_ORCH_TEMPERATURE": str(self.s.temperature),
+            "PRIME_ORCH_MAX_NEW_TOKENS": str(self.s.max_new_tokens),
+            "PRIME_ORCH_ASYNC_LEVEL": str(self.s.async_level),
+        }).wait_http(f"{t.orchestrator_url}/healthz")
+        for i in range(self.s.workers):
+            self._spawn(f"worker-{i}", [
+                _script("prime-worker"), "join", "--pool", str(t.pool_id),
+                "--rpc-url", t.rpc_url, "--ledger", t.ledger,
+                "--key-file", str(self.keys / f"worker-{i}.json"),
+                "--cache-dir", str(self.run_dir / "worker-cache"), "--no-progress",
+            ])
+        return t
+
+    @property
+    def progress_file(self) -> Path:
+        return self.run_dir / "progress.jsonl"
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None
+               ) -> ManagedProcess:
+        proc = ManagedProcess(name, argv, self.logs, env={**self.env, **(env or {})},
+                              cwd=Path.cwd())
+        self.procs[name] = proc
+        return proc
+
+    def _fund(self, account: LocalAccount, wei: int) -> None:
+        # A dev-chain shortcut; on a real chain the contributor funds their own address.
+        w3 = Web3(Web3.HTTPProvider(self.topo.rpc_url, request_kwargs={"timeout": 10}))
+        w3.provider.make_request("anvil_setBalance", [account.address, hex(wei)])
+
+    # ------------------------------------------------------------------ watch
+    def follow(self, on_step: callable, timeout_s: float) -> list[progress.StepProgress]:  # type: ignore[valid-type]
+        """Report each new trainer step until the trainer exits; fail fast if a service dies."""
+        deadline = time.monotonic() + timeout_s
+        seen = 0
+        trainer = self.procs["trainer"]
+        while True:
+            rows = progress.read(self.progress_file)
+            for row in rows[seen:]:
+                on_step(row)
+            seen = len(rows)
+            if not trainer.alive():
+                if trainer.proc.returncode != 0:
+                    raise ProcessFailed(f"trainer exited with {trainer.proc.returncode}:\n"
+                                        f"{trainer.tail()}")
+                return progress.read(self.progress_file)
+            for name, p in self.procs.items():
+                if name != "trainer" and not p.alive():
+                    raise ProcessFailed(f"{name} exited with {p.proc.returncode}:\n{p.tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run did not finish within {timeout_s:.0f}s")
+            time.sleep(0.5)
+
+    def stream_counts(self) -> dict[str, int]:
+        assert self.redis is not None
+        r = self.redis.client()
+        try:
+            return {
+                "submitted": int(r.xlen(streams.ROLLOUTS_SUBMITTED)),
+                "verified": int(r.xlen(streams.ROLLOUTS_VERIFIED)),
+                "rejected": int(r.xlen(streams.ROLLOUTS_REJECTED)),
+            }
+        finally:
+            r.close()
+
+    def attested_units(self) -> int:
+        ledger = LedgerClient(self.topo.rpc_url, self.topo.ledger, account=None, timeout=30)
+        return ledger.attested_units(self.topo.pool_id)
+
+    def stop_workers(self) -> None:
+        for name in [n for n in self.procs if n.startswith("worker-")] + ["orchestrator"]:
+            if name in self.procs:
+                self.procs[name].stop()
+
+    def stop(self) -> None:
+        # Validator last among services: on SIGTERM it flushes its queued attestations.
+        order = [n for n in self.procs if n.startswith("worker-")] + [
+            "orchestrator", "trainer", "validator", "relay", "origin",
+        ]
+        for name in order:
+            if name in self.procs:
+                self.procs[name].stop(timeout_s=30 if name == "validator" else 10)
+        if self.redis:
+            self.redis.stop()
+        if self.anvil:
+            self.anvil.stop()
+
+
+def new_run_dir(runs_dir: Path) -> Path:
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    run_dir = runs_dir / stamp
+    n = 1
+    while run_dir.exists():
+        run_dir = runs_dir / f"{stamp}-{n}"
+        n += 1
+    run_dir.mkdir(parents=True)
+    return run_dir
+
+
+def point_latest(runs_dir: Path, run_dir: Path) -> None:
+    link = runs_dir / "latest"
+    tmp = runs_dir / f".latest-{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(run_dir.name)
+    tmp.replace(link)

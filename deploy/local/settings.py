@@ -1,0 +1,32 @@
+"""What `make up` runs: the whole network as local processes. Variables prefixed PRIME_UP_."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from prime_swarm.libs.rl.defaults import RL, WARM_START
+
+
+class LocalNetworkSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PRIME_UP_", extra="ignore")
+
+    runs_dir: Path = Field(Path("runs"), description="Each run gets runs/<timestamp>/.")
+    cache_dir: Path = Field(Path(".cache"), description="Built models, reused across runs.")
+    model_seed: int = Field(0, description="Seed of the tiny model and its warm start.")
+    warm_start_steps: int = Field(WARM_START.steps, description="SFT steps of the warm start.")
+    workers: int = Field(3, ge=1, description="Worker processes.")
+    steps: int = Field(RL.steps, ge=1, description="Trainer steps before the run ends.")
+    groups_per_step: int = Field(RL.prompts_per_step, ge=1, description="Groups per step.")
+    group_size: int = Field(RL.group_size, ge=1, description="Completions per prompt.")
+    temperature: float = Field(RL.temperature, gt=0, description="Sampling temperature.")
+    max_new_tokens: int = Field(RL.max_new_tokens, ge=1, description="Generation budget.")
+    lr: float = Field(RL.lr, gt=0, description="Trainer learning rate.")
+    async_level: int = Field(RL.async_level, ge=0, description="Bounded staleness.")
+    eval_tasks: int = Field(RL.eval_tasks, ge=1, description="Held-out tasks per evaluation.")
+    min_stake_wei: int = Field(10**18, description="Pool minimum stake.")
+    reward_per_unit_wei: int = Field(10**12, description="Reward credited per attested token.")
+    timeout_s: float = Field(900.0, gt=0, description="Abort the run after this long.")
+    quiet: bool = Field(False, description="Print only the summary.")
