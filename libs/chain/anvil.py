@@ -18,6 +18,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from functools import cache
 from pathlib import Path
 from types import TracebackType
 
@@ -64,8 +65,15 @@ def find_anvil() -> Path:
 
 def dev_accounts(n: int = 10, mnemonic: str = DEV_MNEMONIC) -> list[LocalAccount]:
     """The first `n` accounts anvil funds for `mnemonic` (BIP-44 path m/44'/60'/0'/0/i)."""
+    return [Account.from_key(_derive_key(mnemonic, i)) for i in range(n)]
+
+
+@cache
+def _derive_key(mnemonic: str, index: int) -> bytes:
+    # Derivation is pure Python (~30 ms a key) and tests ask for the same keys many times.
     Account.enable_unaudited_hdwallet_features()
-    return [Account.from_mnemonic(mnemonic, account_path=f"m/44'/60'/0'/0/{i}") for i in range(n)]
+    account: LocalAccount = Account.from_mnemonic(mnemonic, account_path=f"m/44'/60'/0'/0/{index}")
+    return bytes(account.key)
 
 
 def free_port() -> int:

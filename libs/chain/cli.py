@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from eth_utils import is_address, to_checksum_address
 
-from .deployment import DEFAULT_SLASH_BPS
+from .deployment import DEFAULT_SLASH_BPS, load_deployment
 from .errors import ChainError, KeyFileError
 
 if TYPE_CHECKING:
@@ -95,17 +95,20 @@ def _add_deployment_options(p: argparse.ArgumentParser) -> None:
 
 
 def _account(args: argparse.Namespace) -> LocalAccount:
-    from eth_account import Account
-
-    from .anvil import dev_accounts
-    from .keyfile import load_or_create_key
-
     private_key = args.private_key or os.environ.get(PRIVATE_KEY_ENV, "").strip() or None
     given = [x is not None for x in (args.key_file, private_key, args.dev_account)]
     if sum(given) != 1:
         raise ChainError(
             f"give exactly one of --key-file, --private-key (or ${PRIVATE_KEY_ENV}), --dev-account"
         )
+    if args.dev_account is not None and args.dev_account < 0:
+        raise ChainError("--dev-account must be >= 0")
+
+    from eth_account import Account
+
+    from .anvil import dev_accounts
+    from .keyfile import load_or_create_key
+
     if args.key_file:
         return load_or_create_key(args.key_file)
     if private_key:
@@ -113,17 +116,18 @@ def _account(args: argparse.Namespace) -> LocalAccount:
             return Account.from_key(private_key)
         except (ValueError, TypeError):
             raise ChainError("the private key is not a valid 32-byte hex key") from None
-    if args.dev_account < 0:
-        raise ChainError("--dev-account must be >= 0")
     return dev_accounts(args.dev_account + 1)[args.dev_account]
 
 
 def _client(args: argparse.Namespace, signer: bool) -> LedgerClient:
+    # Read the record first: a wrong path is reported before the slow imports.
+    deployment = load_deployment(args.deployment)
+    account = _account(args) if signer else None
+
     from .client import LedgerClient
 
-    account = _account(args) if signer else None
     return LedgerClient.from_deployment(
-        args.deployment, account, rpc_url=args.rpc_url, timeout=args.timeout
+        deployment, account, rpc_url=args.rpc_url, timeout=args.timeout
     )
 
 

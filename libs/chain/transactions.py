@@ -21,6 +21,7 @@ from web3.exceptions import (
     Web3Exception,
     Web3RPCError,
 )
+from web3.providers.rpc.utils import ExceptionRetryConfiguration
 from web3.types import TxParams, TxReceipt
 
 from .errors import ChainError, ChainRevert
@@ -130,7 +131,13 @@ class TxSender:
             tx = call.build_transaction({"from": address, "nonce": nonce, "value": value})
             tx["gas"] = int(tx["gas"] * self.gas_margin)
             signed = self.account.sign_transaction(tx)
-            tx_hash = self.w3.eth.send_raw_transaction(signed.raw_transaction)
+            try:
+                tx_hash = self.w3.eth.send_raw_transaction(signed.raw_transaction)
+            except Web3RPCError as exc:
+                # A send retried after a lost reply finds its own transaction in the pool.
+                if "already known" not in _rpc_message(exc).lower():
+                    raise
+                tx_hash = signed.hash
             self._next_nonce = nonce + 1
         return tx_hash, tx
 
@@ -147,9 +154,20 @@ class TxSender:
         return "reason unknown (out of gas or state changed)"
 
 
-def make_web3(rpc_url: str, timeout: float = 30.0) -> Web3:
-    """A Web3 over HTTP whose every request gives up after `timeout` seconds."""
-    return Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": timeout}))
+def make_web3(rpc_url: str, timeout: float = 30.0, retries: int = 3) -> Web3:
+    """A Web3 over HTTP whose every request gives up after `timeout` seconds.
 
-
-__all__ = ["Buildable", "TxSender", "chain_errors", "make_web3", "revert_reason", "Web3"]
+    Idempotent reads are retried `retries` times with a short backoff (0.1 s, doubling): enough
+    to ride out a node restart's blip, short enough that a wrong URL fails within a second
+    rather than after web3's default ~2 s per call.
+    """
+    provider = Web3.HTTPProvider(
+        rpc_url,
+        request_kwargs={"timeout": timeout},
+        exception_retry_configuration=ExceptionRetryConfiguration(
+            errors=(requests.ConnectionError, requests.HTTPError, requests.Timeout),
+            retries=retries,
+            backoff_factor=0.1,
+        ),
+    )
+    return Web3(provider)

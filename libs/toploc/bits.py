@@ -1,4 +1,4 @@
-"""bf16 bit patterns of hidden states, chunking, and the deterministic top-k both sides share."""
+"""bf16 bit patterns, chunk layout, and the deterministic top-k that prover and validator share."""
 
 from __future__ import annotations
 
@@ -23,14 +23,6 @@ def canonical(bits: np.ndarray) -> np.ndarray:
     return np.where(nan, CANONICAL_NAN, bits) if nan.any() else bits
 
 
-def bf16_bits(hidden: torch.Tensor) -> np.ndarray:
-    """Round ``hidden`` to bf16 and return its 16-bit patterns as int64 (NaNs canonicalized)."""
-    if hidden.dtype != torch.bfloat16:
-        hidden = hidden.detach().to(torch.bfloat16)
-    raw = hidden.detach().cpu().contiguous().view(torch.int16).numpy()
-    return canonical(raw.astype(np.int64) & 0xFFFF)
-
-
 @dataclass(frozen=True)
 class ChunkLayout:
     """How ``n_tokens`` rows split into chunks of ``chunk_size`` tokens, and each chunk's k."""
@@ -46,9 +38,6 @@ class ChunkLayout:
 
     def chunk_tokens(self, i: int) -> int:
         return min(self.chunk_size, self.n_tokens - i * self.chunk_size)
-
-    def chunk_k(self, i: int) -> int:
-        return min(self.topk, self.chunk_tokens(i) * self.hidden_size)
 
     def runs(self) -> list[tuple[int, int, int]]:
         """(first_chunk, n_chunks, k): the full chunks, then the partial last chunk if any.

@@ -131,6 +131,13 @@ def decode(proof: bytes) -> tuple[Header, list[ChunkRun]]:
             raise ProofFormatError(
                 f"chunk {first + i}: modulus {int(moduli[i])} outside [{k}, {P}]"
             )
+        # A chunk with at most P values has all indices below P, so the prover's search stops at
+        # P: any other modulus is a non-canonical (malleated) encoding of the same proof.
+        if layout.chunk_tokens(first) * hidden_size <= P and (moduli != P).any():
+            i = int(np.flatnonzero(moduli != P)[0])
+            raise ProofFormatError(
+                f"chunk {first + i}: modulus {int(moduli[i])}, must be {P} for a chunk this small"
+            )
         bad = np.flatnonzero((coeffs >= P).any(axis=1))
         if bad.size:
             raise ProofFormatError(f"chunk {first + int(bad[0])}: coefficient >= {P}")

@@ -169,12 +169,16 @@ def verify_proofs_batch(
     runs: list[Run] = []
     for item, (hidden, proof, ctx) in enumerate(zip(hiddens, proofs, contexts, strict=True)):
         h = _as_bf16(hidden)
-        digest = ctx.digest()
+        try:
+            digest = ctx.digest()
+        except ValueError as exc:  # the context comes from a submission: reject, don't crash
+            results[item] = VerifyResult.reject(f"invalid context: {exc}")
+            continue
         parsed = _parse_for(proof, h, digest, chunk_size, topk)
         if isinstance(parsed, str):
             results[item] = VerifyResult.reject(parsed)
             continue
-        header, chunk_runs = parsed
+        _, chunk_runs = parsed
         bases[item] = key_base(digest)
         layout = ChunkLayout(h.shape[0], h.shape[1], chunk_size, topk)
         stats[item] = [None] * layout.n_chunks

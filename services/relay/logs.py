@@ -8,7 +8,11 @@ import sys
 import time
 
 # Attributes every LogRecord has; anything else was passed via `extra=` and is worth keeping.
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "color_message",  # uvicorn duplicates msg with ANSI colours
+}
 
 
 class JsonFormatter(logging.Formatter):

@@ -1,4 +1,9 @@
-"""`prime-chain` as a user runs it: a real subprocess against the session's anvil."""
+"""`prime-chain` against the session's anvil.
+
+One test runs the installed console script as a user would; the rest call `main(argv)` in this
+process, which exercises the same parsing and handlers without paying ~1.5 s of imports per
+command.
+"""
 
 from __future__ import annotations
 
@@ -11,105 +16,149 @@ from pathlib import Path
 import pytest
 
 from prime_swarm.libs.chain.anvil import Anvil, free_port
+from prime_swarm.libs.chain.cli import main
 from prime_swarm.libs.chain.client import LedgerClient
+from prime_swarm.libs.chain.transactions import make_web3
+
+Run = tuple[int, str, str]
 
 
-def prime_chain(
-    *args: str, env: dict[str, str] | None = None, ok: bool = True
-) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "prime_swarm.libs.chain.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
+def _console_script() -> list[str]:
+    script = Path(sys.executable).with_name("prime-chain")
+    return (
+        [str(script)] if script.exists() else [sys.executable, "-m", "prime_swarm.libs.chain.cli"]
     )
-    assert "Traceback" not in proc.stderr, proc.stderr
-    if ok:
-        assert proc.returncode == 0, proc.stderr
-    return proc
 
 
-def test_deploy_create_pool_and_inspect(anvil: Anvil, tmp_path: Path) -> None:
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> Run:
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exc:  # argparse refuses bad arguments by exiting 2
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def ok(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0, err
+    return out.strip()
+
+
+def test_console_script_deploys_creates_a_pool_and_refuses_bad_input(
+    anvil: Anvil, tmp_path: Path
+) -> None:
+    record = tmp_path / "deployment.json"
+    owner_key = anvil.dev_accounts(1)[0].key.to_0x_hex()
+    env = {**os.environ, "PRIME_CHAIN_PRIVATE_KEY": owner_key}
+
+    def script(*args: str) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [*_console_script(), *args], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert "Traceback" not in proc.stderr
+        return proc
+
+    deploy = script("deploy", "--rpc-url", anvil.rpc_url, "--out", str(record))
+    assert deploy.returncode == 0, deploy.stderr
+    assert deploy.stdout.strip() == json.loads(record.read_text())["address"]
+
+    create = script(
+        "create-pool", "--deployment", str(record), "--orchestrator-url", "http://orch.test",
+        "--min-stake", "1ether", "--reward-per-unit", "1gwei",
+    )  # fmt: skip
+    assert create.returncode == 0, create.stderr
+    assert create.stdout.strip() == "1"
+
+    bad = script(
+        "create-pool", "--deployment", str(record), "--orchestrator-url", "http://orch.test",
+        "--min-stake", "plenty", "--reward-per-unit", "1",
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert "argument --min-stake: invalid amount 'plenty'" in bad.stderr
+
+
+def test_deploy_create_pool_and_inspect(
+    anvil: Anvil,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     owner, validator, worker = anvil.dev_accounts(3)
     record = tmp_path / "deployment.json"
-    address = prime_chain(
-        "deploy", "--rpc-url", anvil.rpc_url, "--dev-account", "0", "--out", str(record)
-    ).stdout.strip()
+    address = ok(
+        capsys, "deploy", "--rpc-url", anvil.rpc_url, "--dev-account", "0", "--out", str(record)
+    )
     deployment = json.loads(record.read_text())
     assert deployment["address"] == address
     assert deployment["chain_id"] == anvil.chain_id
     assert deployment["deployer"] == owner.address
+    assert deployment["slash_bps"] == 1000
 
     # The owner's key through the environment, as an operator would pass it.
-    owner_env = {"PRIME_CHAIN_PRIVATE_KEY": owner.key.to_0x_hex()}
+    monkeypatch.setenv("PRIME_CHAIN_PRIVATE_KEY", owner.key.to_0x_hex())
     common = ("--deployment", str(record))
-    pool = prime_chain(
-        "create-pool", *common, "--orchestrator-url", "http://orch.test:8000",
-        "--min-stake", "0.5ether", "--reward-per-unit", "2gwei", env=owner_env,
-    ).stdout.strip()  # fmt: skip
-    assert pool == "1"
-
-    prime_chain(
-        "register-validator", *common, "--pool", pool, "--validator", validator.address,
-        env=owner_env,
+    pool = ok(
+        capsys, "create-pool", *common, "--orchestrator-url", "http://orch.test:8000",
+        "--min-stake", "0.5ether", "--reward-per-unit", "2gwei",
     )  # fmt: skip
-    funds = prime_chain("fund-pool", *common, "--pool", pool, "--amount", "3ether", env=owner_env)
-    assert funds.stdout.strip() == str(3 * 10**18)
+    assert pool == "1"
+    ok(capsys, "register-validator", *common, "--pool", pool, "--validator", validator.address)
+    ok(capsys, "set-orchestrator-url", *common, "--pool", pool, "--orchestrator-url", "http://o2")
+    assert ok(capsys, "fund-pool", *common, "--pool", pool, "--amount", "3ether") == str(3 * 10**18)
 
-    info = json.loads(prime_chain("pool-info", *common, "--pool", pool).stdout)
-    assert info == {
+    assert json.loads(ok(capsys, "pool-info", *common, "--pool", pool)) == {
         "pool_id": 1,
         "owner": owner.address,
-        "orchestrator_url": "http://orch.test:8000",
+        "orchestrator_url": "http://o2",
         "min_stake": 5 * 10**17,
         "reward_per_unit": 2 * 10**9,
         "funds": 3 * 10**18,
         "total_attested_units": 0,
     }
 
-    client = LedgerClient.from_deployment(record, worker)
-    client.join(1, 10**18)
+    LedgerClient.from_deployment(record, worker).join(1, 10**18)
     balances = json.loads(
-        prime_chain("balances", *common, "--pool", pool, "--worker", worker.address).stdout
+        ok(capsys, "balances", *common, "--pool", pool, "--worker", worker.address.lower())
     )
-    assert balances["is_member"] is True
-    assert balances["stake"] == 10**18
-    assert balances["reward_balance"] == 0
+    assert balances["worker"] == worker.address
+    assert (balances["is_member"], balances["stake"], balances["reward_balance"]) == (
+        True, 10**18, 0,
+    )  # fmt: skip
     assert LedgerClient.from_deployment(record).is_validator(1, validator.address)
+    ok(capsys, "remove-validator", *common, "--pool", pool, "--validator", validator.address)
+    assert not LedgerClient.from_deployment(record).is_validator(1, validator.address)
 
 
-def test_key_file_is_created_and_reused(anvil: Anvil, tmp_path: Path) -> None:
+def test_key_file_is_created_and_reused(
+    anvil: Anvil, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     key_file = tmp_path / "keys" / "operator.json"
     out = tmp_path / "d.json"
-    # A fresh key has no ether: the deploy fails, clearly, but the key file stays for reuse.
-    failed = prime_chain(
-        "deploy", "--rpc-url", anvil.rpc_url, "--key-file", str(key_file), "--out", str(out),
-        ok=False,
-    )  # fmt: skip
-    assert failed.returncode == 1
-    assert "insufficient funds" in failed.stderr.lower()
+    deploy = ("deploy", "--rpc-url", anvil.rpc_url, "--key-file", str(key_file), "--out", str(out))
+
+    # A fresh key has no ether: the deploy fails, clearly, and the key file stays for reuse.
+    code, _, err = run_cli(capsys, *deploy)
+    assert code == 1
+    assert "insufficient funds" in err.lower()
     assert key_file.stat().st_mode & 0o777 == 0o600
-    first = json.loads(key_file.read_text())["address"]
+    created = json.loads(key_file.read_text())["address"]
     assert not out.exists()
 
-    # Fund it, and the same file now deploys as the same address.
-    LedgerClient.from_deployment  # noqa: B018 - keep the import used when the test is trimmed
-    anvil_funder = anvil.dev_accounts(1)[0]
-    from prime_swarm.libs.chain.transactions import make_web3
-
+    funder = anvil.dev_accounts(1)[0]
     w3 = make_web3(anvil.rpc_url)
     tx = {
-        "to": first, "value": 10**18, "gas": 21_000, "gasPrice": w3.eth.gas_price * 2,
-        "nonce": w3.eth.get_transaction_count(anvil_funder.address, "pending"),
+        "to": created, "value": 10**18, "gas": 21_000, "gasPrice": 2 * w3.eth.gas_price,
+        "nonce": w3.eth.get_transaction_count(funder.address, "pending"),
         "chainId": anvil.chain_id,
     }  # fmt: skip
-    signed = anvil_funder.sign_transaction(tx)
+    signed = funder.sign_transaction(tx)
     w3.eth.wait_for_transaction_receipt(w3.eth.send_raw_transaction(signed.raw_transaction))
-    prime_chain(
-        "deploy", "--rpc-url", anvil.rpc_url, "--key-file", str(key_file), "--out", str(out)
-    )
-    assert json.loads(out.read_text())["deployer"] == first
+
+    ok(capsys, *deploy)
+    assert json.loads(out.read_text())["deployer"] == created
 
 
 @pytest.mark.parametrize(
@@ -117,49 +166,66 @@ def test_key_file_is_created_and_reused(anvil: Anvil, tmp_path: Path) -> None:
     [
         (["create-pool", "--deployment", "d.json", "--orchestrator-url", "u", "--min-stake",
           "lots", "--reward-per-unit", "1"], 2, "invalid amount 'lots'"),
+        (["fund-pool", "--deployment", "d.json", "--pool", "1", "--amount", "1.5wei"], 2,
+         "not a whole number of wei"),
         (["balances", "--deployment", "d.json", "--pool", "1", "--worker", "0xnope"], 2,
          "invalid address '0xnope'"),
+        (["pool-info", "--deployment", "d.json", "--pool", "0"], 2, "invalid pool id '0'"),
+        (["deploy", "--rpc-url", "RPC", "--slash-bps", "20000"], 2, "invalid basis points"),
         (["pool-info", "--deployment", "missing.json", "--pool", "1"], 1,
          "deployment file missing.json does not exist"),
+        (["pool-info", "--deployment", "BROKEN", "--pool", "1"], 1, "is not valid JSON"),
         (["deploy", "--rpc-url", "RPC", "--out", "d.json"], 1, "give exactly one of --key-file"),
         (["deploy", "--rpc-url", "RPC", "--private-key", "0x12", "--out", "d.json"], 1,
          "not a valid 32-byte hex key"),
+        (["deploy", "--rpc-url", "DOWN", "--dev-account", "0"], 1, "cannot reach the node"),
+        (["deploy", "--rpc-url", "RPC", "--key-file", "BROKEN"], 1, "is not valid JSON"),
     ],
 )  # fmt: skip
 def test_bad_input_is_a_clear_error(
-    args: list[str], code: int, message: str, anvil: Anvil, tmp_path: Path
+    args: list[str],
+    code: int,
+    message: str,
+    anvil: Anvil,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    args = [anvil.rpc_url if a == "RPC" else a for a in args]
-    proc = subprocess.run(
-        [sys.executable, "-m", "prime_swarm.libs.chain.cli", *args],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path,
-    )  # fmt: skip
-    assert proc.returncode == code
-    assert message in proc.stderr
-    assert "Traceback" not in proc.stderr
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PRIME_CHAIN_PRIVATE_KEY", raising=False)
+    (tmp_path / "broken.json").write_text("{not json")
+    subst = {
+        "RPC": anvil.rpc_url,
+        "DOWN": f"http://127.0.0.1:{free_port()}",
+        "BROKEN": str(tmp_path / "broken.json"),
+    }
+    got, _, err = run_cli(capsys, *[subst.get(a, a) for a in args])
+    assert got == code
+    assert message in err
 
 
-def test_chain_errors_name_the_problem(anvil: Anvil, tmp_path: Path) -> None:
+def test_chain_refusals_name_the_problem(
+    anvil: Anvil, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     record = tmp_path / "deployment.json"
-    prime_chain("deploy", "--rpc-url", anvil.rpc_url, "--dev-account", "0", "--out", str(record))
-    unknown = prime_chain("pool-info", "--deployment", str(record), "--pool", "7", ok=False)
-    assert unknown.returncode == 1
-    assert "unknown pool" in unknown.stderr
+    ok(capsys, "deploy", "--rpc-url", anvil.rpc_url, "--dev-account", "0", "--out", str(record))
+    common = ("--deployment", str(record))
 
-    prime_chain(
-        "create-pool", "--deployment", str(record), "--orchestrator-url", "http://o.test",
+    code, _, err = run_cli(capsys, "pool-info", *common, "--pool", "7")
+    assert (code, err.strip()) == (1, "prime-chain pool-info: error: pool reverted: unknown pool")
+
+    ok(
+        capsys, "create-pool", *common, "--orchestrator-url", "http://o.test",
         "--min-stake", "1", "--reward-per-unit", "1", "--dev-account", "0",
     )  # fmt: skip
-    not_owner = prime_chain(
-        "register-validator", "--deployment", str(record), "--pool", "1",
-        "--validator", anvil.dev_accounts(2)[1].address, "--dev-account", "1", ok=False,
+    code, _, err = run_cli(
+        capsys, "register-validator", *common, "--pool", "1",
+        "--validator", anvil.dev_accounts(2)[1].address, "--dev-account", "1",
     )  # fmt: skip
-    assert not_owner.returncode == 1
-    assert "not the pool owner" in not_owner.stderr
+    assert code == 1
+    assert "register_validator reverted: not the pool owner" in err
 
     down = f"http://127.0.0.1:{free_port()}"
-    offline = prime_chain(
-        "pool-info", "--deployment", str(record), "--rpc-url", down, "--pool", "1", ok=False
-    )
-    assert offline.returncode == 1
-    assert "cannot reach the node" in offline.stderr
+    code, _, err = run_cli(capsys, "pool-info", *common, "--rpc-url", down, "--pool", "1")
+    assert code == 1
+    assert "cannot reach the node" in err

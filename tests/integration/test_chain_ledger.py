@@ -161,7 +161,9 @@ def test_join_top_up_and_leave_returns_stake(actors: Actors, pool: int) -> None:
     returned = worker.leave(pool)
     [ev] = actors.reader.events("WorkerLeft", from_block=start, pool_id=pool)
     assert returned == MIN_STAKE + ETH // 2
-    assert actors.reader.balance_of(me) == before + returned - gas_cost(worker, ev["transactionHash"])
+    assert actors.reader.balance_of(me) == before + returned - gas_cost(
+        worker, ev["transactionHash"]
+    )
     assert not actors.reader.is_member(pool, me)
     assert actors.reader.stake_of(pool, me) == 0
     assert event_names(actors.reader, pool, start) == ["WorkerJoined", "StakeAdded", "WorkerLeft"]
@@ -331,7 +333,11 @@ def test_slash_takes_stake_into_funds_and_blocks_the_key(actors: Actors, pool: i
         actors.validator.slash(pool, a, good, "late")
     assert actors.reader.stake_of(pool, a) == MIN_STAKE - result.amount
 
-    assert event_names(actors.reader, pool, start) == ["WorkerSlashed", "WorkSkipped", "WorkAttested"]
+    assert event_names(actors.reader, pool, start) == [
+        "WorkerSlashed",
+        "WorkSkipped",
+        "WorkAttested",
+    ]
 
 
 # --- rewards ------------------------------------------------------------------------------------

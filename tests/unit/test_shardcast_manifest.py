@@ -37,9 +37,10 @@ def test_shards_cover_each_file_and_hash_it(tmp_path: Path) -> None:
     assert weights.sha256 == hashlib.sha256(data).hexdigest()
     for s in weights.shards:
         assert s.sha256 == hashlib.sha256(data[s.offset : s.offset + s.size]).hexdigest()
-        assert b"".join(iter_shard_bytes(d / weights.name, s, chunk=1000)) == data[
-            s.offset : s.offset + s.size
-        ]
+        assert (
+            b"".join(iter_shard_bytes(d / weights.name, s, chunk=1000))
+            == data[s.offset : s.offset + s.size]
+        )
     empty = next(f for f in m.files if f.name == "empty.txt")
     assert empty.size == 0 and empty.shards == []
 
@@ -62,8 +63,9 @@ def test_wrong_signer_and_tampered_shard_hash_are_refused(tmp_path: Path) -> Non
     trainer, forger = Account.create(), Account.create()
     m = build_manifest(_model_dir(tmp_path), 1, 0, 10_000, trainer.address)
     with pytest.raises(ManifestError):
-        verify_manifest(sign_manifest(m.model_copy(update={"trainer": forger.address}), forger),
-                        trainer.address)
+        verify_manifest(
+            sign_manifest(m.model_copy(update={"trainer": forger.address}), forger), trainer.address
+        )
     signed = sign_manifest(m, trainer)
     files = [f.model_copy(deep=True) for f in m.files]
     s0 = files[0].shards[0]

@@ -37,7 +37,9 @@ def test_evaluate_matches_direct_sum() -> None:
     rng = np.random.default_rng(2)
     coeffs = rng.integers(0, gf.P, (1, 10))
     xs = rng.integers(0, gf.P, (1, 50))
-    want = [sum(int(c) * pow(int(x), j, gf.P) for j, c in enumerate(coeffs[0])) % gf.P for x in xs[0]]
+    want = [
+        sum(int(c) * pow(int(x), j, gf.P) for j, c in enumerate(coeffs[0])) % gf.P for x in xs[0]
+    ]
     assert gf.evaluate(coeffs, xs)[0].tolist() == want
 
 

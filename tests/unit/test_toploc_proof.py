@@ -11,12 +11,12 @@ from prime_swarm.libs.toploc import (
     HEADER_BYTES,
     ProofContext,
     Thresholds,
+    batching,
     build_proof,
     build_proofs_batch,
     verify_proof,
     verify_proofs_batch,
 )
-from prime_swarm.libs.toploc import batching
 
 VOCAB, HIDDEN, LAYERS, TOKENS = 500, 128, 6, 40
 
@@ -25,7 +25,10 @@ def make_model(seed: int, d: int = HIDDEN) -> tuple[torch.Tensor, list[tuple[tor
     g = torch.Generator().manual_seed(seed)
     emb = torch.randn(VOCAB, d, generator=g)
     layers = [
-        (torch.randn(d, 4 * d, generator=g) / d**0.5, torch.randn(4 * d, d, generator=g) / (2 * d))
+        (
+            torch.randn(d, 4 * d, generator=g) / d**0.5,
+            torch.randn(4 * d, d, generator=g) / (4 * d) ** 0.5,
+        )
         for _ in range(LAYERS)
     ]
     return emb, layers
@@ -79,20 +82,24 @@ def test_one_ulp_noise_passes() -> None:
 
 
 def test_different_summation_order_passes() -> None:
-    # Batched (two completions stacked) vs one-by-one, and a split-K matmul, both in fp32.
-    ids2 = torch.randint(0, VOCAB, (TOKENS,), generator=torch.Generator().manual_seed(6))
-    batched = torch.stack([run(MODEL, IDS, torch.float32), run(MODEL, ids2, torch.float32)])[0]
+    # The prover batches two completions through each matmul; the validator splits every matmul's
+    # inner dimension in two and sums the halves. Both in fp32, so only summation order differs.
     emb, layers = MODEL
-    split = [(w1, w2) for w1, w2 in layers]
-    h = emb[IDS]
+    ids2 = torch.randint(0, VOCAB, (TOKENS,), generator=torch.Generator().manual_seed(6))
     positions = torch.arange(1, TOKENS + 1)[:, None]
-    for w1, w2 in split:
+    h, v = emb[torch.stack([IDS, ids2])], emb[IDS]
+    for w1, w2 in layers:
         x = F.layer_norm(h, (HIDDEN,))
-        x = x + torch.cumsum(x, 0) / positions
-        a = F.gelu(x[:, :64] @ w1[:64] + x[:, 64:] @ w1[64:])
-        h = h + a[:, 256:] @ w2[256:] + a[:, :256] @ w2[:256]
-    split_k = F.layer_norm(h, (HIDDEN,))
-    assert verify_proof(split_k, build_proof(batched, CTX), CTX).ok
+        x = x + torch.cumsum(x, 1) / positions
+        h = h + F.gelu(x @ w1) @ w2
+        y = F.layer_norm(v, (HIDDEN,))
+        y = y + torch.cumsum(y, 0) / positions
+        a = F.gelu(y[:, :64] @ w1[:64] + y[:, 64:] @ w1[64:])
+        v = v + a[:, 256:] @ w2[256:] + a[:, :256] @ w2[:256]
+    prover, validator = F.layer_norm(h[0], (HIDDEN,)), F.layer_norm(v, (HIDDEN,))
+    assert not torch.equal(prover, validator)
+    result = verify_proof(validator, build_proof(prover, CTX), CTX)
+    assert result.ok, result.reason
 
 
 def test_ties_are_broken_the_same_way_on_both_sides() -> None:
@@ -265,3 +272,11 @@ def test_thresholds_scale_with_points_and_validate() -> None:
     assert not verify_proof(noisy, PROOF, CTX, strict).ok
     assert math.isinf(check(-HONEST.float()).chunks[0].mant_err_mean)
     assert np.isfinite(verify_proof(HONEST, PROOF, CTX).chunks[0].mant_err_median)
+
+
+def test_invalid_submitted_context_is_a_rejection_for_the_validator() -> None:
+    bad = ProofContext(CTX.model_hash, CTX.lease_id, CTX.sample_index, [-1, *CTX.token_ids[1:]])
+    result = verify_proof(HONEST, PROOF, bad)
+    assert not result.ok and "invalid context" in result.reason
+    with pytest.raises(ValueError):
+        build_proof(HONEST, bad)

@@ -1,0 +1,321 @@
+"""SHARDCAST end to end with real processes: trainer -> origin -> relays -> client.
+
+Every server is a real `prime-relay` uvicorn process on a free 127.0.0.1 port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+
+from prime_swarm.libs.shardcast import (
+    NotAvailableError,
+    RelayPool,
+    build_manifest,
+    download_version,
+    fetch_manifest,
+    publish_version,
+    wait_for_version,
+)
+from prime_swarm.protocol.manifest_signing import sign_manifest
+from prime_swarm.protocol.messages import SignedManifest
+
+SHARD = 256 * 1024
+WEIGHTS = 4 * 1024 * 1024 + 12345  # a ragged last shard
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, args: list[str], data_dir: Path, log_path: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        cmd = [
+            sys.executable,
+            "-m",
+            "prime_swarm.services.relay",
+            args[0],
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(data_dir),
+            *args[1:],
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_healthy(self, timeout_s: float = 20.0) -> Server:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"server not healthy: {self.log_path.read_text()}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("shardcast")
+
+
+@pytest.fixture(scope="module")
+def trainer() -> LocalAccount:
+    return Account.create()
+
+
+def _model(root: Path, name: str, weights: int = WEIGHTS) -> Path:
+    d = root / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "tiny", "name": name}))
+    (d / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
+    (d / "model.safetensors").write_bytes(os.urandom(weights))
+    return d
+
+
+def _same_tree(a: Path, b: Path) -> bool:
+    names = sorted(p.name for p in a.iterdir())
+    return names == sorted(p.name for p in b.iterdir()) and all(
+        (a / n).read_bytes() == (b / n).read_bytes() for n in names
+    )
+
+
+@pytest.fixture(scope="module")
+def servers(work: Path, trainer: LocalAccount) -> Iterator[dict[str, Server]]:
+    started: dict[str, Server] = {}
+    try:
+        origin = Server(
+            ["origin", "--trainer", trainer.address, "--keep-versions", "2"],
+            work / "origin",
+            work / "origin.log",
+        )
+        started["origin"] = origin
+        for name in ("relay_a", "relay_b"):
+            started[name] = Server(
+                [
+                    "relay",
+                    "--trainer",
+                    trainer.address,
+                    "--parent",
+                    origin.url,
+                    "--poll-interval",
+                    "0.2",
+                    "--keep-versions",
+                    "2",
+                ],
+                work / name,
+                work / f"{name}.log",
+            )
+        for s in started.values():
+            s.wait_healthy()
+        yield started
+    finally:
+        for s in started.values():
+            s.stop()
+
+
+@pytest.fixture(scope="module")
+def v1(
+    work: Path, servers: dict[str, Server], trainer: LocalAccount
+) -> tuple[Path, SignedManifest]:
+    model = _model(work, "model_v1")
+    signed = publish_version(servers["origin"].url, model, 1, 0, trainer, SHARD, 10.0)
+    return model, signed
+
+
+def test_publish_pull_download_identical(
+    work: Path, servers: dict[str, Server], v1: tuple[Path, SignedManifest], trainer: LocalAccount
+) -> None:
+    model, signed = v1
+    relay = servers["relay_a"].url
+    wait_for_version(relay, 1, timeout_s=20)
+    seen: list[tuple[int, int]] = []
+    started = time.monotonic()
+    out = download_version(
+        [relay],
+        1,
+        work / "dl_v1",
+        trainer.address,
+        timeout_s=5,
+        progress=lambda d, t: seen.append((d, t)),
+    )
+    elapsed = time.monotonic() - started
+    assert _same_tree(model, out)
+    total = sum(f.size for f in signed.manifest.files)
+    assert seen and seen[-1] == (total, total)
+    print(
+        f"\ndownload through relay: {total / 1e6:.1f} MB in {elapsed:.3f}s "
+        f"= {total / 1e6 / elapsed:.0f} MB/s"
+    )
+    # latest resolves to the same version, and the metric counted the bytes served.
+    assert fetch_manifest([relay], "latest", trainer.address).manifest.version == 1
+    metrics = httpx.get(relay + "/metrics").text
+    served = next(x for x in metrics.splitlines() if x.startswith("shardcast_bytes_served_total"))
+    assert float(served.split()[-1]) >= total
+    assert "shardcast_versions_held 1.0" in metrics
+
+
+def test_shard_route_http_semantics(
+    servers: dict[str, Server], v1: tuple[Path, SignedManifest]
+) -> None:
+    model, signed = v1
+    f = next(f for f in signed.manifest.files if f.name == "model.safetensors")
+    s = f.shards[1]
+    url = f"{servers['origin'].url}/v1/versions/1/files/{f.name}/shards/1"
+    data = (model / f.name).read_bytes()[s.offset : s.offset + s.size]
+    r = httpx.get(url)
+    assert r.status_code == 200 and r.content == data
+    assert r.headers["content-length"] == str(s.size) and r.headers["etag"] == f'"{s.sha256}"'
+    h = httpx.head(url)
+    assert h.status_code == 200 and h.headers["content-length"] == str(s.size) and not h.content
+    part = httpx.get(url, headers={"Range": "bytes=100-199"})
+    assert part.status_code == 206 and part.content == data[100:200]
+    assert part.headers["content-range"] == f"bytes 100-199/{s.size}"
+    assert httpx.get(url, headers={"If-None-Match": f'"{s.sha256}"'}).status_code == 304
+
+
+def test_bad_requests_are_4xx_not_500(
+    servers: dict[str, Server], v1: tuple[Path, SignedManifest]
+) -> None:
+    base = servers["relay_a"].url
+    r = httpx.get(base + "/v1/versions/99/manifest")
+    assert r.status_code == 404 and "99" in r.json()["detail"] and r.json()["held_versions"]
+    assert httpx.get(base + "/v1/versions/99/files/config.json/shards/0").status_code == 404
+    for path in [
+        "/v1/versions/1/files/model.safetensors/shards/abc",
+        "/v1/versions/1/files/model.safetensors/shards/-1",
+        "/v1/versions/1/files/model.safetensors/shards/99999999999999999999999",
+        "/v1/versions/1/files/nope.bin/shards/0",
+        "/v1/versions/1/files/../shards/0",
+        "/v1/versions/1/files/%2e%2e/shards/0",
+        "/v1/versions/1/files/..%2f..%2fetc%2fpasswd/shards/0",
+        "/v1/versions/x/manifest",
+        "/v1/versions/-3/manifest",
+    ]:
+        status = httpx.get(base + path).status_code
+        assert 400 <= status < 500, (path, status)
+    # Uploads exist only on the origin.
+    assert httpx.put(base + "/v1/versions/1/manifest", content=b"{}").status_code == 405
+
+
+def test_origin_refuses_forged_and_bad_uploads(
+    work: Path, servers: dict[str, Server], trainer: LocalAccount, v1: tuple[Path, SignedManifest]
+) -> None:
+    origin = servers["origin"].url
+    forger = Account.create()
+    model = _model(work, "forged", weights=50_000)
+    m = build_manifest(model, 7, 1, SHARD, forger.address)
+    r = httpx.put(
+        f"{origin}/v1/versions/7/manifest", content=sign_manifest(m, forger).model_dump_json()
+    )
+    assert r.status_code == 403
+    # Names the trusted trainer but carries the forger's signature.
+    claimed = m.model_copy(update={"trainer": trainer.address})
+    fake = SignedManifest(manifest=claimed, signature=sign_manifest(m, forger).signature)
+    r = httpx.put(f"{origin}/v1/versions/7/manifest", content=fake.model_dump_json())
+    assert r.status_code == 403
+    assert httpx.put(f"{origin}/v1/versions/7/manifest", content=b"{not json").status_code == 400
+    assert httpx.get(f"{origin}/v1/versions/7/manifest").status_code == 404
+
+    # Shards are checked against the signed manifest: wrong bytes 400, too many bytes 413.
+    _, signed = v1
+    f = next(f for f in signed.manifest.files if f.name == "model.safetensors")
+    url = f"{origin}/v1/versions/1/files/{f.name}/shards/0"
+    assert httpx.put(url, content=b"\0" * f.shards[0].size).status_code == 400
+    assert httpx.put(url, content=b"\0" * (f.shards[0].size + 1)).status_code == 413
+    assert httpx.get(url).content == (v1[0] / f.name).read_bytes()[: f.shards[0].size]
+
+
+def test_client_refuses_manifest_from_wrong_signer(work: Path, trainer: LocalAccount) -> None:
+    forger = Account.create()
+    rogue = Server(["origin", "--trainer", forger.address], work / "rogue", work / "rogue.log")
+    try:
+        rogue.wait_healthy()
+        publish_version(rogue.url, _model(work, "rogue_model", 50_000), 1, 0, forger, SHARD, 10.0)
+        pool = RelayPool([rogue.url])
+        with pytest.raises(NotAvailableError):
+            download_version(pool, 1, work / "dl_rogue", trainer.address, timeout_s=5)
+        assert rogue.url in pool.demoted
+        assert not (work / "dl_rogue").exists()
+    finally:
+        rogue.stop()
+
+
+def test_corrupt_relay_is_detected_and_dead_relay_skipped(
+    work: Path, servers: dict[str, Server], v1: tuple[Path, SignedManifest], trainer: LocalAccount
+) -> None:
+    model, signed = v1
+    bad, good = servers["relay_b"], servers["relay_a"]
+    wait_for_version(bad.url, 1, timeout_s=20)
+    wait_for_version(good.url, 1, timeout_s=20)
+    # Flip a byte in every weights shard the bad relay holds, behind its back.
+    for shard_file in (bad.data_dir / "v1" / "shards" / "model.safetensors").iterdir():
+        raw = bytearray(shard_file.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        shard_file.write_bytes(bytes(raw))
+    dead = f"http://127.0.0.1:{_free_port()}"
+    pool = RelayPool([dead, bad.url, good.url])
+    out = download_version(pool, 1, work / "dl_v1_mixed", trainer.address, timeout_s=3)
+    assert _same_tree(model, out)
+    assert list(pool.demoted) == [bad.url]
+    report = pool.report()
+    assert report[dead]["errors"] >= 1 and report[dead]["shards_ok"] == 0
+    assert report[good.url]["shards_ok"] >= 1
+
+
+def test_origin_and_relay_evict_beyond_k(
+    work: Path, servers: dict[str, Server], v1: tuple[Path, SignedManifest], trainer: LocalAccount
+) -> None:
+    origin, relay = servers["origin"].url, servers["relay_a"].url
+    for v in (2, 3):
+        publish_version(
+            origin, _model(work, f"model_v{v}", 100_000), v, v - 1, trainer, SHARD, 10.0
+        )
+    listing = httpx.get(origin + "/v1/versions").json()
+    assert listing["versions"] == [2, 3] and listing["latest"] == 3
+    gone = httpx.get(origin + "/v1/versions/1/manifest")
+    assert gone.status_code == 404 and gone.json()["held_versions"] == [2, 3]
+    wait_for_version(relay, 3, timeout_s=20)
+    deadline = time.monotonic() + 10
+    while httpx.get(relay + "/v1/versions").json()["versions"] != [2, 3]:
+        assert time.monotonic() < deadline, "relay did not evict version 1"
+        time.sleep(0.2)
+    out = download_version([relay], "latest", work / "dl_latest", trainer.address, timeout_s=5)
+    assert _same_tree(work / "model_v3", out)
+    # A version is listed only once every shard has arrived.
+    m4 = build_manifest(_model(work, "model_v4", 1000), 4, 3, SHARD, trainer.address)
+    put = httpx.put(
+        f"{origin}/v1/versions/4/manifest", content=sign_manifest(m4, trainer).model_dump_json()
+    )
+    assert put.status_code == 200 and put.json()["complete"] is False
+    assert httpx.get(origin + "/v1/versions").json()["latest"] == 3

@@ -1,0 +1,49 @@
+"""The committed ledger artifacts are what the sources compile to, and expose the agreed API."""
+
+from __future__ import annotations
+
+import json
+
+from prime_swarm.libs.chain.artifacts import BUILD_DIR, LEDGER_CONTRACT, load_artifact
+from prime_swarm.libs.chain.client import MAX_BATCH
+from prime_swarm.libs.chain.compile import compile_all, source_paths
+
+
+def test_committed_artifacts_match_a_fresh_compile() -> None:
+    fresh = compile_all()
+    assert set(fresh) == {p.stem for p in source_paths()}
+    for name, text in fresh.items():
+        committed = (BUILD_DIR / f"{name}.json").read_text()
+        assert committed == text, f"{name}.json is stale: run `prime-chain compile`"
+
+
+def test_ledger_abi_surface() -> None:
+    abi = load_artifact(LEDGER_CONTRACT).abi
+    functions = {e["name"]: e for e in abi if e["type"] == "function"}
+    events = {e["name"] for e in abi if e["type"] == "event"}
+    assert {
+        "create_pool", "set_orchestrator_url", "pool", "pool_funds", "pool_count", "fund_pool",
+        "join", "leave", "is_member", "stake_of", "register_validator", "remove_validator",
+        "is_validator", "attest_work", "work_status", "work_units", "total_attested_units",
+        "slash", "reward_balance", "claim_rewards", "SLASH_BPS", "MAX_BATCH",
+    } <= set(functions)  # fmt: skip
+    assert {
+        "PoolCreated", "PoolFunded", "WorkerJoined", "StakeAdded", "WorkerLeft",
+        "ValidatorRegistered", "ValidatorRemoved", "WorkAttested", "WorkSkipped",
+        "WorkerSlashed", "RewardsClaimed", "OrchestratorUrlChanged",
+    } <= events  # fmt: skip
+    for payable in ("join", "fund_pool"):
+        assert functions[payable]["stateMutability"] == "payable"
+    attest_inputs = [i["type"] for i in functions["attest_work"]["inputs"]]
+    assert attest_inputs == ["uint256", "address[]", "bytes32[]", "uint256[]"]
+
+
+def test_client_batch_size_matches_the_contract() -> None:
+    source = (BUILD_DIR.parent / f"{LEDGER_CONTRACT}.vy").read_text()
+    assert f"MAX_BATCH: public(constant(uint256)) = {MAX_BATCH}" in source
+
+
+def test_artifact_is_plain_json_with_bytecode() -> None:
+    data = json.loads((BUILD_DIR / f"{LEDGER_CONTRACT}.json").read_text())
+    assert data["compiler"].startswith("vyper 0.4.")
+    assert data["bytecode"].startswith("0x") and len(data["bytecode"]) > 1000

@@ -1,0 +1,128 @@
+"""The on-disk version store: atomic writes, completeness, eviction and path safety."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from eth_account import Account
+
+from prime_swarm.libs.shardcast import (
+    NotHeldError,
+    ShardHashError,
+    ShardTooLargeError,
+    UnsafeNameError,
+    VersionConflictError,
+    VersionStore,
+    build_manifest,
+)
+from prime_swarm.libs.shardcast.manifest import iter_shard_bytes
+from prime_swarm.protocol.manifest_signing import sign_manifest
+from prime_swarm.protocol.messages import SignedManifest
+
+TRAINER = Account.create()
+
+
+def _version(tmp_path: Path, version: int, size: int = 50_000) -> tuple[Path, SignedManifest]:
+    d = tmp_path / f"model{version}"
+    d.mkdir()
+    (d / "config.json").write_text(f'{{"v": {version}}}')
+    (d / "model.safetensors").write_bytes(os.urandom(size))
+    m = build_manifest(d, version, version - 1 if version else None, 20_000, TRAINER.address)
+    return d, sign_manifest(m, TRAINER)
+
+
+def _fill(store: VersionStore, model_dir: Path, signed: SignedManifest) -> None:
+    store.put_manifest(signed)
+    for f in signed.manifest.files:
+        for s in f.shards:
+            with store.open_shard_writer(signed.manifest.version, f.name, s.index) as w:
+                for chunk in iter_shard_bytes(model_dir / f.name, s, chunk=7000):
+                    w.write(chunk)
+                w.commit()
+    assert store.mark_complete(signed.manifest.version)
+
+
+def test_version_is_listed_only_when_complete(tmp_path: Path) -> None:
+    store = VersionStore(tmp_path / "store")
+    d, signed = _version(tmp_path, 1)
+    assert store.put_manifest(signed) is True
+    assert store.put_manifest(signed) is False  # idempotent re-upload
+    assert store.versions() == [] and store.held_versions() == [1]
+    assert not store.mark_complete(1)
+    _fill(store, d, signed)
+    assert store.versions() == [1] and store.latest() == 1
+    first = signed.manifest.files[0]
+    path = store.shard_path(1, first.name, 0)
+    assert path.read_bytes() == (d / first.name).read_bytes()[: first.shards[0].size]
+    # A fresh store over the same directory sees the same state.
+    again = VersionStore(tmp_path / "store")
+    assert again.versions() == [1] and again.get_manifest(1) == signed
+
+
+def test_bad_shard_bytes_are_never_visible(tmp_path: Path) -> None:
+    store = VersionStore(tmp_path / "store")
+    d, signed = _version(tmp_path, 1)
+    store.put_manifest(signed)
+    f = next(f for f in signed.manifest.files if f.name == "model.safetensors")
+    good = b"".join(iter_shard_bytes(d / f.name, f.shards[0]))
+    with store.open_shard_writer(1, f.name, 0) as w:
+        w.write(bytes([good[0] ^ 0xFF]) + good[1:])
+        with pytest.raises(ShardHashError):
+            w.commit()
+    with store.open_shard_writer(1, f.name, 0) as w, pytest.raises(ShardTooLargeError):
+        w.write(good + b"!")
+    assert not store.has_shard(1, f.name, 0)
+    assert not list((store.root / "v1").rglob("*.tmp"))  # temp files cleaned up
+
+
+def test_unknown_version_file_or_shard(tmp_path: Path) -> None:
+    store = VersionStore(tmp_path / "store")
+    _, signed = _version(tmp_path, 1)
+    store.put_manifest(signed)
+    for args in [(2, "config.json", 0), (1, "nope.bin", 0), (1, "config.json", 5)]:
+        with pytest.raises(NotHeldError):
+            store.open_shard_writer(*args)
+    assert store.get_manifest(9) is None
+
+
+@pytest.mark.parametrize(
+    "name,index", [("..", 0), (".", 0), ("../../etc", 0), ("a/b", 0), ("ok", -1)]
+)
+def test_path_traversal_is_refused(tmp_path: Path, name: str, index: int) -> None:
+    store = VersionStore(tmp_path / "store")
+    with pytest.raises(UnsafeNameError):
+        store.shard_path(1, name, index)
+    with pytest.raises(UnsafeNameError):
+        store.version_dir(-1)
+
+
+def test_eviction_keeps_newest_k_and_drops_stale_partials(tmp_path: Path) -> None:
+    store = VersionStore(tmp_path / "store")
+    models = {v: _version(tmp_path, v) for v in range(1, 7)}
+    for v in (1, 2, 4, 5):
+        _fill(store, *models[v])
+    store.put_manifest(models[3][1])  # partial, older than what will be kept
+    store.put_manifest(models[6][1])  # partial, newer: still being pulled
+    evicted = store.evict(keep=2)
+    assert sorted(evicted) == [1, 2, 3]
+    assert store.versions() == [4, 5] and store.held_versions() == [4, 5, 6]
+    assert store.get_manifest(1) is None
+    assert not (store.root / "v1").exists()
+    assert not [p for p in store.root.iterdir() if p.name.startswith(".trash-")]
+
+
+def test_conflicting_manifest_replaces_partial_but_not_complete(tmp_path: Path) -> None:
+    store = VersionStore(tmp_path / "store")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    d1, first = _version(tmp_path / "a", 1)
+    _, second = _version(tmp_path / "b", 1)
+    store.put_manifest(first)
+    assert store.put_manifest(second) is True  # trainer restarted mid-upload
+    assert store.get_manifest(1) == second
+    store2 = VersionStore(tmp_path / "store2")
+    _fill(store2, d1, first)
+    with pytest.raises(VersionConflictError):
+        store2.put_manifest(second)
