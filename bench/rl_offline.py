@@ -35,13 +35,14 @@ from prime_swarm.libs.rl.sft import warm_start
 
 def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict:
     env = get_env(args.env)
-    t0 = time.perf_counter()
+    # CPU seconds, not wall: what each process of the network will spend, immune to other load.
+    t0 = time.process_time()
     base = build_tiny_model(seed, work / f"base-{seed}")
     warm = warm_start(
-        base, work / f"warm-{seed}", seed=seed, steps=args.sft_steps,
-        correct_fraction=args.correct_fraction, env=args.env,
+        base, work / f"warm-{args.env}-{seed}-{args.sft_steps}-{args.correct_fraction}",
+        seed=seed, steps=args.sft_steps, correct_fraction=args.correct_fraction, env=args.env,
     )
-    warm_s = time.perf_counter() - t0
+    warm_s = time.process_time() - t0
     trainer, tok = load_pretrained(warm)
     worker = copy.deepcopy(trainer)
     versions = {0: copy.deepcopy(trainer.state_dict())}
@@ -64,14 +65,14 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict:
             worker.load_state_dict(versions[v])
             seeds = [hash_int("lease", seed, step, g) for g in groups]
             prompts = [encode(tok, tasks[g].prompt, add_bos=True) for g in groups]
-            t = time.perf_counter()
+            t = time.process_time()
             comps = generate_batch(
                 worker, prompts, seeds, group_size=args.group_size,
                 max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                 eos_id=worker.config.eos_token_id,
             )
-            t_gen += time.perf_counter() - t
-            t = time.perf_counter()
+            t_gen += time.process_time() - t
+            t = time.process_time()
             seqs = [(p, c.token_ids) for p, grp in zip(prompts, comps, strict=True) for c in grp]
             pre = prefill(worker, seqs)
             for k, (g, p, grp) in enumerate(zip(groups, prompts, comps, strict=True)):
@@ -84,10 +85,10 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict:
                     batch[g].append(Rollout(p, c.token_ids,
                                             completion_logprobs(out, c.token_ids, args.temperature),
                                             reward))
-            t_val += time.perf_counter() - t
-        t = time.perf_counter()
+            t_val += time.process_time() - t
+        t = time.process_time()
         stats = grpo_step(trainer, opt, batch, cfg)
-        t_train = time.perf_counter() - t
+        t_train = time.process_time() - t
         versions[step] = copy.deepcopy(trainer.state_dict())
         versions.pop(step - 3, None)
         curve.append(round(stats["reward_mean"], 4))
@@ -108,10 +109,10 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict:
         "heldout_curve": {k: round(v, 4) for k, v in evals.items()},
         "train_reward_per_step": curve,
         "replay_rejected": rejected,
-        "warm_start_s": round(warm_s, 2),
-        "gen_s_per_step": round(sum(t[0] for t in timings) / n, 3),
-        "validate_s_per_step": round(sum(t[1] for t in timings) / n, 3),
-        "train_s_per_step": round(sum(t[2] for t in timings) / n, 3),
+        "warm_start_cpu_s": round(warm_s, 2),
+        "gen_cpu_s_per_step": round(sum(t[0] for t in timings) / n, 3),
+        "validate_cpu_s_per_step": round(sum(t[1] for t in timings) / n, 3),
+        "train_cpu_s_per_step": round(sum(t[2] for t in timings) / n, 3),
     }
 
 

@@ -182,7 +182,8 @@ class LedgerClient:
 
         Entries whose key is already attested or slashed, or whose worker is not a member, are
         skipped by the contract (not an error) and listed in `AttestResult.skipped`; so a retry
-        after a lost receipt is safe.
+        after a lost receipt is safe. If a later transaction of a long list fails, the earlier
+        ones stay on chain; retrying the whole list is again safe.
         """
         entries = [self._checked_work(w) for w in work]
         attested: list[Work] = []

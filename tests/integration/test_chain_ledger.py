@@ -340,6 +340,18 @@ def test_slash_takes_stake_into_funds_and_blocks_the_key(actors: Actors, pool: i
     ]
 
 
+def test_slashing_a_departed_worker_takes_nothing_but_blocks_the_key(
+    actors: Actors, pool: int
+) -> None:
+    """No unbonding delay yet: leaving first dodges the stake loss, not the record."""
+    a = Actors.addr(actors.workers[0])
+    [k] = keys("departed", 1)
+    actors.workers[0].leave(pool)
+    assert actors.validator.slash(pool, a, k, "late verdict").amount == 0
+    assert actors.reader.work_status(pool, k) == WorkStatus.SLASHED
+    assert actors.reader.pool_funds(pool) == 0
+
+
 # --- rewards ------------------------------------------------------------------------------------
 
 

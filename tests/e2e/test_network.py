@@ -1,0 +1,72 @@
+"""The whole network, for real: redis-server, anvil, relays, orchestrator, validator, trainer and
+three workers as separate processes, for a few trainer steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prime_swarm.deploy.local.cli import prepare_model
+from prime_swarm.deploy.local.network import LocalNetwork
+from prime_swarm.deploy.local.settings import LocalNetworkSettings
+from prime_swarm.libs.chain.client import LedgerClient
+from prime_swarm.protocol import streams
+from prime_swarm.protocol.messages import VerifiedRollout
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def finished_network(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    run_dir = tmp_path_factory.mktemp("run")
+    settings = LocalNetworkSettings(
+        runs_dir=run_dir.parent, cache_dir=REPO / ".cache", steps=STEPS, workers=3,
+        groups_per_step=6, warm_start_steps=60,
+    )
+    net = LocalNetwork(settings, prepare_model(settings), run_dir)
+    try:
+        net.start()
+        rows = net.follow(lambda row: None, timeout_s=240)
+        net.stop_workers()
+        net.procs["validator"].stop(timeout_s=60)
+        yield net, rows
+    finally:
+        net.stop()
+
+
+@pytest.mark.timeout(420)
+def test_rollouts_pass_every_stage(finished_network) -> None:  # noqa: ANN001
+    net, rows = finished_network
+    assert [r.step for r in rows] == list(range(1, STEPS + 1))
+    counts = net.stream_counts()
+    assert counts["submitted"] >= STEPS * 6
+    assert counts["verified"] >= STEPS * 6
+    # Honest workers: nothing is rejected.
+    assert counts["rejected"] == 0
+
+
+def test_workers_moved_to_newer_policies(finished_network) -> None:  # noqa: ANN001
+    net, _ = finished_network
+    r = net.redis.client()
+    versions = {
+        streams.decode(VerifiedRollout, fields).policy_version
+        for _, fields in r.xrange(streams.ROLLOUTS_VERIFIED)
+    }
+    assert 0 in versions and max(versions) >= 1
+    workers_on_new = {
+        streams.decode(VerifiedRollout, fields).worker
+        for _, fields in r.xrange(streams.ROLLOUTS_VERIFIED)
+        if streams.decode(VerifiedRollout, fields).policy_version >= 1
+    }
+    assert len(workers_on_new) >= 2
+
+
+def test_attested_work_is_on_chain(finished_network) -> None:  # noqa: ANN001
+    net, _ = finished_network
+    ledger = LedgerClient(net.topo.rpc_url, net.topo.ledger, account=None, timeout=30)
+    assert ledger.attested_units(net.topo.pool_id) > 0
+    credited = [w for w in net.topo.workers if ledger.work_units(net.topo.pool_id, w) > 0]
+    assert len(credited) >= 2
+    assert all(ledger.reward_balance(net.topo.pool_id, w) > 0 for w in credited)
