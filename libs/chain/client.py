@@ -212,11 +212,14 @@ class LedgerClient:
         return AttestResult(attested=attested, skipped=skipped, txs=txs)
 
     def slash(self, pool_id: int, worker: str, work_key: bytes | str, reason: str) -> SlashResult:
-        """Slash `worker` for the work behind `work_key`; reverts if the key is already used."""
-        if len(reason.encode()) > 64:
-            raise ChainError("slash reason is longer than 64 bytes")
+        """Slash `worker` for the work behind `work_key`; reverts if the key is already used.
+
+        `reason` is cut to the contract's 64 bytes (at a character boundary): a verdict must not
+        fail to land because its explanation is long.
+        """
+        short = reason.encode()[:64].decode(errors="ignore")
         receipt = self._send(
-            self.contract.functions.slash(pool_id, to_address(worker), _key(work_key), reason),
+            self.contract.functions.slash(pool_id, to_address(worker), _key(work_key), short),
             "slash",
         )
         (event,) = self._events_in(receipt, "WorkerSlashed")

@@ -15,9 +15,8 @@ from functools import lru_cache
 import numpy as np
 
 P = 65497
-"""The largest prime below 2**16 - 38. Kept from TOPLOC so that x-coordinates (index mod m with
-m <= P) and almost every bf16 bit pattern are field elements; the bit patterns >= P are all NaNs,
-which callers canonicalize before they reach the field."""
+"""TOPLOC's prime, just below 2**16: x-coordinates (index mod m, m <= P) are field elements, and so
+is every bf16 bit pattern except the negative NaNs >= 0xFFD9, which callers canonicalize first."""
 
 
 def _pow_mod(base: np.ndarray, exponent: int) -> np.ndarray:

@@ -1,0 +1,186 @@
+"""The orchestrator as a real uvicorn process against real Redis and a real anvil chain:
+signed requests, identity, on-chain membership, leases and admission."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from eth_account import Account
+
+from prime_swarm.libs.chain.anvil import Anvil
+from prime_swarm.libs.chain.client import LedgerClient
+from prime_swarm.libs.chain.deploy import deploy_ledger
+from prime_swarm.libs.localnet.ports import free_port
+from prime_swarm.libs.localnet.process import ManagedProcess
+from prime_swarm.libs.localnet.redis_server import RedisServer
+from prime_swarm.protocol import streams
+from prime_swarm.protocol.messages import (
+    CompletionSample,
+    PolicyAnnouncement,
+    RolloutSubmission,
+    SubmittedRollout,
+)
+from prime_swarm.protocol.signing import WorkerAuth, sign_request
+from prime_swarm.services.worker.client import OrchestratorClient, OrchestratorError
+
+TRAINER = "0x" + "11" * 20
+
+
+@pytest.fixture(scope="module")
+def pool(anvil: Anvil, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[dict]:
+    owner, member, outsider = anvil.dev_accounts(3)[0], Account.create(), Account.create()
+    ledger_addr = deploy_ledger(anvil.rpc_url, owner).address
+    owner_client = LedgerClient(anvil.rpc_url, ledger_addr, account=owner, timeout=30)
+    port = free_port()
+    pool_id = owner_client.create_pool(f"http://127.0.0.1:{port}", 10**18, 1)
+    # Fund the member from the owner and stake it into the pool.
+    owner_client.w3.provider.make_request("anvil_setBalance", [member.address, hex(5 * 10**18)])
+    LedgerClient(anvil.rpc_url, ledger_addr, account=member, timeout=30).join(pool_id, 10**18)
+    r = redis_server.client()
+    r.flushall()
+    r.xadd(streams.POLICY_ANNOUNCEMENTS, streams.encode(PolicyAnnouncement(
+        version=5, step=5, model_hash="ab" * 32, manifest_path="/v1/versions/5/manifest")))
+    logs = tmp_path_factory.mktemp("orch-logs")
+    proc = ManagedProcess(
+        "orchestrator", [sys.executable, "-m", "prime_swarm.services.orchestrator.cli"], logs,
+        env={
+            "PRIME_ORCH_PORT": str(port), "PRIME_ORCH_REDIS_URL": redis_server.url,
+            "PRIME_ORCH_RPC_URL": anvil.rpc_url, "PRIME_ORCH_LEDGER_ADDRESS": ledger_addr,
+            "PRIME_ORCH_POOL_ID": str(pool_id), "PRIME_ORCH_TRAINER_ADDRESS": TRAINER,
+            "PRIME_ORCH_RELAYS": '["http://127.0.0.1:1"]', "PRIME_ORCH_GROUP_SIZE": "2",
+            "PRIME_ORCH_MAX_OPEN_LEASES_PER_WORKER": "3",
+        },
+        cwd=Path.cwd(),
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        proc.wait_http(f"{url}/healthz", timeout_s=30)
+        yield {"url": url, "pool_id": pool_id, "member": member, "outsider": outsider,
+               "redis": r}
+    finally:
+        proc.stop()
+        r.close()
+
+
+def client(pool: dict, account: object) -> OrchestratorClient:
+    return OrchestratorClient(pool["url"], account, timeout_s=10, retry_budget=0)
+
+
+def body(pool: dict, worker: str, **extra: object) -> dict:
+    return {"worker": worker, "pool_id": pool["pool_id"], **extra}
+
+
+def test_unsigned_and_forged_requests_are_401(pool: dict) -> None:
+    resp = httpx.post(f"{pool['url']}/v1/heartbeat", json=body(pool, pool["member"].address,
+                      policy_version=None), timeout=10)
+    assert resp.status_code == 401 and "missing signature" in resp.text
+    payload = httpx.Request("POST", "/", json=body(pool, pool["member"].address,
+                                                    policy_version=None)).content
+    headers = sign_request(pool["member"], "POST", "/v1/heartbeat", "", payload)
+    tampered = payload.replace(b"null", b"1")
+    resp = httpx.post(f"{pool['url']}/v1/heartbeat", content=tampered,
+                      headers={**headers, "content-type": "application/json"}, timeout=10)
+    assert resp.status_code == 401 and "does not match" in resp.text
+
+
+def test_replayed_request_is_refused(pool: dict) -> None:
+    c = client(pool, pool["member"])
+    c.register(_register(pool, pool["member"].address))
+    payload = httpx.Request("POST", "/", json=body(pool, pool["member"].address,
+                                                    policy_version=None)).content
+    headers = {**sign_request(pool["member"], "POST", "/v1/heartbeat", "", payload),
+               "content-type": "application/json"}
+    first = httpx.post(f"{pool['url']}/v1/heartbeat", content=payload, headers=headers,
+                       timeout=10)
+    again = httpx.post(f"{pool['url']}/v1/heartbeat", content=payload, headers=headers,
+                       timeout=10)
+    assert first.status_code == 200
+    assert again.status_code == 401 and "replayed nonce" in again.text
+
+
+def test_acting_for_another_worker_is_403(pool: dict) -> None:
+    c = client(pool, pool["outsider"])
+    with pytest.raises(OrchestratorError) as err:
+        c.register(_register(pool, pool["member"].address))
+    assert err.value.status == 403 and err.value.reason == "foreign_signer"
+
+
+def test_registration_needs_stake_on_chain(pool: dict) -> None:
+    with pytest.raises(OrchestratorError) as err:
+        client(pool, pool["outsider"]).register(_register(pool, pool["outsider"].address))
+    assert err.value.status == 403 and err.value.reason == "not_a_member"
+
+
+def test_registered_member_gets_policy_and_leases(pool: dict) -> None:
+    m = pool["member"]
+    c = client(pool, m)
+    reply = c.register(_register(pool, m.address))
+    assert reply.policy is not None and reply.policy.version == 5
+    assert reply.policy.min_version == 3 and reply.policy.trainer == TRAINER
+    lease = c.lease(_lease_req(pool, m.address, 5)).lease
+    assert lease is not None and lease.group_size == 2 and lease.min_policy_version == 3
+    with pytest.raises(OrchestratorError) as err:
+        c.lease(_lease_req(pool, m.address, 2))
+    assert err.value.reason == "stale_policy"
+    with pytest.raises(OrchestratorError) as err:
+        c.lease(_lease_req(pool, m.address, 9))
+    assert err.value.reason == "unknown_policy"
+
+
+def test_submission_admission(pool: dict) -> None:
+    m = pool["member"]
+    c = client(pool, m)
+    c.register(_register(pool, m.address))
+    r: redis.Redis = pool["redis"]
+    lease = c.lease(_lease_req(pool, m.address, 4)).lease
+    assert lease is not None
+    wrong_group = _submission(lease, m.address, n=1)
+    with pytest.raises(OrchestratorError) as err:
+        c.submit(wrong_group)
+    assert err.value.reason == "lease_mismatch"
+    before = r.xlen(streams.ROLLOUTS_SUBMITTED)
+    reply = c.submit(_submission(lease, m.address))
+    assert r.xlen(streams.ROLLOUTS_SUBMITTED) == before + 1
+    _, fields = r.xrevrange(streams.ROLLOUTS_SUBMITTED, count=1)[0]
+    entry = streams.decode(SubmittedRollout, fields)
+    assert entry.submission_id == reply.submission_id and entry.lease == lease
+    with pytest.raises(OrchestratorError) as err:
+        c.submit(_submission(lease, m.address))
+    assert err.value.status == 409 and err.value.reason == "duplicate"
+    with pytest.raises(OrchestratorError) as err:
+        c.submit(_submission(lease.model_copy(update={"lease_id": "nope"}), m.address))
+    assert err.value.status == 404
+
+
+def test_malformed_body_is_422_with_reason(pool: dict) -> None:
+    m = pool["member"]
+    http = httpx.Client(base_url=pool["url"], auth=WorkerAuth(m), timeout=10)
+    resp = http.post("/v1/submit", json={"worker": m.address, "completions": "nope"})
+    assert resp.status_code == 422 and resp.json()["detail"]["reason"] == "malformed"
+
+
+def _register(pool: dict, worker: str):  # noqa: ANN202
+    from prime_swarm.protocol.messages import RegisterRequest
+
+    return RegisterRequest(worker=worker, pool_id=pool["pool_id"])
+
+
+def _lease_req(pool: dict, worker: str, version: int):  # noqa: ANN202
+    from prime_swarm.protocol.messages import LeaseRequest
+
+    return LeaseRequest(worker=worker, pool_id=pool["pool_id"], policy_version=version)
+
+
+def _submission(lease, worker: str, n: int | None = None) -> RolloutSubmission:  # noqa: ANN001
+    return RolloutSubmission(
+        lease_id=lease.lease_id, worker=worker, pool_id=lease.pool_id, task_id=lease.task_id,
+        policy_version=4, prompt_token_ids=[1, 2, 3],
+        completions=[CompletionSample(token_ids=[4, 5], finish_reason="eos", proof=b"p")
+                     for _ in range(n or lease.group_size)],
+    )
