@@ -95,13 +95,16 @@ async def verify_request(
 ) -> str:
     """Return the checksummed signer address or raise `AuthError` with a reason."""
     missing = [
-        h for h in (HEADER_ADDRESS, HEADER_TIMESTAMP, HEADER_NONCE, HEADER_SIGNATURE)
+        h
+        for h in (HEADER_ADDRESS, HEADER_TIMESTAMP, HEADER_NONCE, HEADER_SIGNATURE)
         if not headers.get(h)
     ]
     if missing:
         raise AuthError(401, f"missing signature headers: {', '.join(missing)}")
     claimed, ts, nonce, sig = (
-        headers[HEADER_ADDRESS], headers[HEADER_TIMESTAMP], headers[HEADER_NONCE],
+        headers[HEADER_ADDRESS],
+        headers[HEADER_TIMESTAMP],
+        headers[HEADER_NONCE],
         headers[HEADER_SIGNATURE],
     )
     try:

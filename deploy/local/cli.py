@@ -50,15 +50,19 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
     net = LocalNetwork(s, init_dir, run_dir)
     try:
         topo = net.start()
-        say(f"network up: pool {topo.pool_id} on {topo.rpc_url}, orchestrator "
-            f"{topo.orchestrator_url}, relay {topo.relay_url}, {len(topo.workers)} workers")
+        say(
+            f"network up: pool {topo.pool_id} on {topo.rpc_url}, orchestrator "
+            f"{topo.orchestrator_url}, relay {topo.relay_url}, {len(topo.workers)} workers"
+        )
         say(f"{'step':>4} {'reward':>7} {'accepted':>8} {'rejected':>8} {'lag':>5} {'s/step':>6}")
         last = [time.time()]
 
         def on_step(row: object) -> None:
             now = time.time()
-            say(f"{row.step:>4} {row.mean_reward:>7.3f} {row.accepted_total:>8} "  # type: ignore[attr-defined]
-                f"{row.rejected_total:>8} {row.policy_lag_mean:>5.2f} {now - last[0]:>6.1f}")  # type: ignore[attr-defined]
+            say(
+                f"{row.step:>4} {row.mean_reward:>7.3f} {row.accepted_total:>8} "  # type: ignore[attr-defined]
+                f"{row.rejected_total:>8} {row.policy_lag_mean:>5.2f} {now - last[0]:>6.1f}"
+            )  # type: ignore[attr-defined]
             last[0] = now
 
         rows = net.follow(on_step, s.timeout_s)
@@ -90,15 +94,20 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
     report.write_summary(run_dir, summary)
     report.plot_rewards(run_dir, rows, start_r, end_r)
     point_latest(s.runs_dir, run_dir)
-    say(f"held-out reward {start_r:.3f} -> {end_r:.3f} ({end_r - start_r:+.3f}) in "
-        f"{summary['wall_seconds']}s; {attested} units attested on chain")
+    say(
+        f"held-out reward {start_r:.3f} -> {end_r:.3f} ({end_r - start_r:+.3f}) in "
+        f"{summary['wall_seconds']}s; {attested} units attested on chain"
+    )
     say(f"wrote {run_dir / 'summary.json'} and {run_dir / 'reward.png'} (runs/latest)")
     return summary
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="prime-swarm", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="prime-swarm",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="run the whole network locally and train")
     up.add_argument("--steps", type=int)

@@ -58,8 +58,12 @@ class LocalNetwork:
         self.anvil: Anvil | None = None
         self.topo = Topology()
         # One torch thread per process: 3 workers, a validator and a trainer share 2 cores.
-        self.env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                    "TOKENIZERS_PARALLELISM": "false"}
+        self.env = {
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
 
     # ------------------------------------------------------------------ start
     def start(self) -> Topology:
@@ -92,72 +96,117 @@ class LocalNetwork:
         origin_port, relay_port = free_port(), free_port()
         t.origin_url = f"http://127.0.0.1:{origin_port}"
         t.relay_url = f"http://127.0.0.1:{relay_port}"
-        self._spawn("origin", [
-            _script("prime-relay"), "origin", "--port", str(origin_port),
-            "--data-dir", str(self.run_dir / "origin"), "--trainer", trainer.address,
-        ]).wait_http(f"{t.origin_url}/healthz")
-        self._spawn("relay", [
-            _script("prime-relay"), "relay", "--port", str(relay_port),
-            "--data-dir", str(self.run_dir / "relay"), "--parent", t.origin_url,
-            "--trainer", trainer.address,
-        ]).wait_http(f"{t.relay_url}/healthz")
+        self._spawn(
+            "origin",
+            [
+                _script("prime-relay"),
+                "origin",
+                "--port",
+                str(origin_port),
+                "--data-dir",
+                str(self.run_dir / "origin"),
+                "--trainer",
+                trainer.address,
+            ],
+        ).wait_http(f"{t.origin_url}/healthz")
+        self._spawn(
+            "relay",
+            [
+                _script("prime-relay"),
+                "relay",
+                "--port",
+                str(relay_port),
+                "--data-dir",
+                str(self.run_dir / "relay"),
+                "--parent",
+                t.origin_url,
+                "--trainer",
+                trainer.address,
+            ],
+        ).wait_http(f"{t.relay_url}/healthz")
 
-        self._spawn("trainer", [_script("prime-trainer")], env={
-            "PRIME_TRAINER_REDIS_URL": t.redis_url,
-            "PRIME_TRAINER_ORIGIN_URL": t.origin_url,
-            "PRIME_TRAINER_KEY_FILE": str(self.keys / "trainer.json"),
-            "PRIME_TRAINER_INIT_MODEL_DIR": str(self.init_model_dir),
-            "PRIME_TRAINER_CHECKPOINT_DIR": str(self.run_dir / "checkpoints"),
-            "PRIME_TRAINER_PROGRESS_FILE": str(self.progress_file),
-            "PRIME_TRAINER_MAX_STEPS": str(self.s.steps),
-            "PRIME_TRAINER_GROUPS_PER_STEP": str(self.s.groups_per_step),
-            "PRIME_TRAINER_ASYNC_LEVEL": str(self.s.async_level),
-            "PRIME_TRAINER_LR": str(self.s.lr),
-            "PRIME_TRAINER_TEMPERATURE": str(self.s.temperature),
-            "PRIME_TRAINER_METRICS_PORT": str(free_port()),
-        })
-        self._spawn("validator", [_script("prime-validator")], env={
-            "PRIME_VALIDATOR_REDIS_URL": t.redis_url,
-            "PRIME_VALIDATOR_RPC_URL": t.rpc_url,
-            "PRIME_VALIDATOR_LEDGER_ADDRESS": t.ledger,
-            "PRIME_VALIDATOR_POOL_ID": str(t.pool_id),
-            "PRIME_VALIDATOR_KEY_FILE": str(self.keys / "validator.json"),
-            "PRIME_VALIDATOR_TRUSTED_TRAINER": trainer.address,
-            "PRIME_VALIDATOR_RELAYS": f'["{t.relay_url}"]',
-            "PRIME_VALIDATOR_CACHE_DIR": str(self.run_dir / "validator-cache"),
-            "PRIME_VALIDATOR_ASYNC_LEVEL": str(self.s.async_level),
-            "PRIME_VALIDATOR_METRICS_PORT": str(free_port()),
-        })
-        self._spawn("orchestrator", [_script("prime-orchestrator")], env={
-            "PRIME_ORCH_PORT": str(orch_port),
-            "PRIME_ORCH_REDIS_URL": t.redis_url,
-            "PRIME_ORCH_RPC_URL": t.rpc_url,
-            "PRIME_ORCH_LEDGER_ADDRESS": t.ledger,
-            "PRIME_ORCH_POOL_ID": str(t.pool_id),
-            "PRIME_ORCH_TRAINER_ADDRESS": trainer.address,
-            "PRIME_ORCH_RELAYS": f'["{t.relay_url}"]',
-            "PRIME_ORCH_GROUP_SIZE": str(self.s.group_size),
-            "PRIME_ORCH_TEMPERATURE": str(self.s.temperature),
-            "PRIME_ORCH_MAX_NEW_TOKENS": str(self.s.max_new_tokens),
-            "PRIME_ORCH_ASYNC_LEVEL": str(self.s.async_level),
-        }).wait_http(f"{t.orchestrator_url}/healthz")
+        self._spawn(
+            "trainer",
+            [_script("prime-trainer")],
+            env={
+                "PRIME_TRAINER_REDIS_URL": t.redis_url,
+                "PRIME_TRAINER_ORIGIN_URL": t.origin_url,
+                "PRIME_TRAINER_KEY_FILE": str(self.keys / "trainer.json"),
+                "PRIME_TRAINER_INIT_MODEL_DIR": str(self.init_model_dir),
+                "PRIME_TRAINER_CHECKPOINT_DIR": str(self.run_dir / "checkpoints"),
+                "PRIME_TRAINER_PROGRESS_FILE": str(self.progress_file),
+                "PRIME_TRAINER_MAX_STEPS": str(self.s.steps),
+                "PRIME_TRAINER_GROUPS_PER_STEP": str(self.s.groups_per_step),
+                "PRIME_TRAINER_ASYNC_LEVEL": str(self.s.async_level),
+                "PRIME_TRAINER_LR": str(self.s.lr),
+                "PRIME_TRAINER_TEMPERATURE": str(self.s.temperature),
+                "PRIME_TRAINER_METRICS_PORT": str(free_port()),
+            },
+        )
+        self._spawn(
+            "validator",
+            [_script("prime-validator")],
+            env={
+                "PRIME_VALIDATOR_REDIS_URL": t.redis_url,
+                "PRIME_VALIDATOR_RPC_URL": t.rpc_url,
+                "PRIME_VALIDATOR_LEDGER_ADDRESS": t.ledger,
+                "PRIME_VALIDATOR_POOL_ID": str(t.pool_id),
+                "PRIME_VALIDATOR_KEY_FILE": str(self.keys / "validator.json"),
+                "PRIME_VALIDATOR_TRUSTED_TRAINER": trainer.address,
+                "PRIME_VALIDATOR_RELAYS": f'["{t.relay_url}"]',
+                "PRIME_VALIDATOR_CACHE_DIR": str(self.run_dir / "validator-cache"),
+                "PRIME_VALIDATOR_ASYNC_LEVEL": str(self.s.async_level),
+                "PRIME_VALIDATOR_METRICS_PORT": str(free_port()),
+            },
+        )
+        self._spawn(
+            "orchestrator",
+            [_script("prime-orchestrator")],
+            env={
+                "PRIME_ORCH_PORT": str(orch_port),
+                "PRIME_ORCH_REDIS_URL": t.redis_url,
+                "PRIME_ORCH_RPC_URL": t.rpc_url,
+                "PRIME_ORCH_LEDGER_ADDRESS": t.ledger,
+                "PRIME_ORCH_POOL_ID": str(t.pool_id),
+                "PRIME_ORCH_TRAINER_ADDRESS": trainer.address,
+                "PRIME_ORCH_RELAYS": f'["{t.relay_url}"]',
+                "PRIME_ORCH_GROUP_SIZE": str(self.s.group_size),
+                "PRIME_ORCH_TEMPERATURE": str(self.s.temperature),
+                "PRIME_ORCH_MAX_NEW_TOKENS": str(self.s.max_new_tokens),
+                "PRIME_ORCH_ASYNC_LEVEL": str(self.s.async_level),
+            },
+        ).wait_http(f"{t.orchestrator_url}/healthz")
         for i in range(self.s.workers):
-            self._spawn(f"worker-{i}", [
-                _script("prime-worker"), "join", "--pool", str(t.pool_id),
-                "--rpc-url", t.rpc_url, "--ledger", t.ledger,
-                "--key-file", str(self.keys / f"worker-{i}.json"),
-                "--cache-dir", str(self.run_dir / "worker-cache"), "--no-progress",
-            ])
+            self._spawn(
+                f"worker-{i}",
+                [
+                    _script("prime-worker"),
+                    "join",
+                    "--pool",
+                    str(t.pool_id),
+                    "--rpc-url",
+                    t.rpc_url,
+                    "--ledger",
+                    t.ledger,
+                    "--key-file",
+                    str(self.keys / f"worker-{i}.json"),
+                    "--cache-dir",
+                    str(self.run_dir / "worker-cache"),
+                    "--no-progress",
+                ],
+            )
         return t
 
     @property
     def progress_file(self) -> Path:
         return self.run_dir / "progress.jsonl"
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None
-               ) -> ManagedProcess:
-        proc = ManagedProcess(name, argv, self.logs, env={**self.env, **(env or {})},
-                              cwd=Path.cwd())
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> ManagedProcess:
+        proc = ManagedProcess(
+            name, argv, self.logs, env={**self.env, **(env or {})}, cwd=Path.cwd()
+        )
         self.procs[name] = proc
         return proc
 
@@ -179,8 +228,9 @@ class LocalNetwork:
             seen = len(rows)
             if not trainer.alive():
                 if trainer.proc.returncode != 0:
-                    raise ProcessFailed(f"trainer exited with {trainer.proc.returncode}:\n"
-                                        f"{trainer.tail()}")
+                    raise ProcessFailed(
+                        f"trainer exited with {trainer.proc.returncode}:\n{trainer.tail()}"
+                    )
                 return progress.read(self.progress_file)
             for name, p in self.procs.items():
                 if name != "trainer" and not p.alive():
@@ -213,7 +263,11 @@ class LocalNetwork:
     def stop(self) -> None:
         # Validator last among services: on SIGTERM it flushes its queued attestations.
         order = [n for n in self.procs if n.startswith("worker-")] + [
-            "orchestrator", "trainer", "validator", "relay", "origin",
+            "orchestrator",
+            "trainer",
+            "validator",
+            "relay",
+            "origin",
         ]
         for name in order:
             if name in self.procs:

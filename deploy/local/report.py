@@ -25,11 +25,20 @@ def plot_rewards(
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r.step for r in rows], [r.mean_reward for r in rows], marker=".",
-            label="rollout mean reward (sampled)")
+    ax.plot(
+        [r.step for r in rows],
+        [r.mean_reward for r in rows],
+        marker=".",
+        label="rollout mean reward (sampled)",
+    )
     last = rows[-1].step if rows else 1
-    ax.scatter([0, last], [heldout_start, heldout_end], color="crimson", zorder=3,
-               label="held-out reward (greedy)")
+    ax.scatter(
+        [0, last],
+        [heldout_start, heldout_end],
+        color="crimson",
+        zorder=3,
+        label="held-out reward (greedy)",
+    )
     ax.plot([0, last], [heldout_start, heldout_end], color="crimson", linestyle="--", alpha=0.5)
     ax.set_xlabel("trainer step (policy version)")
     ax.set_ylabel("reward")

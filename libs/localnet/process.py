@@ -32,7 +32,11 @@ class ManagedProcess:
         full_env = {**os.environ, **(env or {})}
         # Each process gets its own session so a stop reaches its children too.
         self.proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
+            argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
             start_new_session=True,
         )
 

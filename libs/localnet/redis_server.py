@@ -21,8 +21,21 @@ class RedisServer:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.process = ManagedProcess(
             "redis",
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(data_dir),
-             "--appendonly", "yes", "--save", "", "--protected-mode", "yes"],
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(data_dir),
+                "--appendonly",
+                "yes",
+                "--save",
+                "",
+                "--protected-mode",
+                "yes",
+            ],
             log_dir,
         )
         self.process.wait_until(self._ping, 15.0, "answering PING")

@@ -31,8 +31,11 @@ def serve_observability(host: str, port: int, health: HealthFn) -> ThreadingHTTP
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             if self.path == "/healthz":
-                body, ctype, code = json.dumps({"status": "ok", **health()}).encode(), \
-                    "application/json", 200
+                body, ctype, code = (
+                    json.dumps({"status": "ok", **health()}).encode(),
+                    "application/json",
+                    200,
+                )
             elif self.path == "/metrics":
                 body, ctype, code = generate_latest(), CONTENT_TYPE_LATEST, 200
             else:

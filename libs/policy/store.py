@@ -20,6 +20,7 @@ from tokenizers import Tokenizer
 from prime_swarm.libs.model.gpt import TinyGPT
 from prime_swarm.libs.model.io import load_pretrained
 from prime_swarm.libs.shardcast.client import download_version, fetch_manifest
+from prime_swarm.libs.shardcast.relays import RelayPool
 
 log = logging.getLogger("policy")
 
@@ -51,6 +52,18 @@ class PolicyStore:
         self.keep, self.timeout_s, self.dtype = keep, timeout_s, dtype
         self._loaded: OrderedDict[int, LoadedPolicy] = OrderedDict()
         self._lock = threading.Lock()
+        self._relays: RelayPool | None = None
+
+    def relay_pool(self, urls: list[str]) -> RelayPool:
+        """One pool per relay list, so a relay demoted for bad bytes stays demoted."""
+        if self._relays is None or sorted(self._relays.urls) != sorted(urls):
+            self._relays = RelayPool(urls, on_event=self._relay_event)
+        return self._relays
+
+    @staticmethod
+    def _relay_event(kind: str, url: str, reason: str) -> None:
+        # A relay that served bad bytes or a forged manifest is reported, never trusted again.
+        log.warning("relay %s: %s", kind, reason, extra={"fields": {"relay": url}})
 
     def get(
         self, version: int, relays: list[str], progress: ProgressFn | None = None
@@ -61,10 +74,17 @@ class PolicyStore:
                 return self._loaded[version]
         target = self.cache_dir / f"v{version}"
         try:
-            signed = fetch_manifest(relays, version, self.trusted_trainer, self.timeout_s)
+            pool = self.relay_pool(relays)
+            signed = fetch_manifest(pool, version, self.trusted_trainer, self.timeout_s)
             download_version(
-                relays, version, target, self.trusted_trainer, timeout_s=self.timeout_s,
-                deadline_s=self.timeout_s * 10, progress=progress, manifest=signed,
+                pool,
+                version,
+                target,
+                self.trusted_trainer,
+                timeout_s=self.timeout_s,
+                deadline_s=self.timeout_s * 10,
+                progress=progress,
+                manifest=signed,
                 overwrite=True,
             )
         except Exception as exc:

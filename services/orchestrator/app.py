@@ -27,7 +27,9 @@ def create_app(settings: OrchestratorSettings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
         ledger = LedgerClient(
-            settings.rpc_url, settings.ledger_address, account=None,
+            settings.rpc_url,
+            settings.ledger_address,
+            account=None,
             timeout=settings.chain_timeout_s,
         )
         app.state.pool = Pool(
@@ -56,8 +58,13 @@ def create_app(settings: OrchestratorSettings) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse(
-            {"detail": {"reason": "malformed", "message": "invalid request body",
-                        "errors": exc.errors()[:10]}},
+            {
+                "detail": {
+                    "reason": "malformed",
+                    "message": "invalid request body",
+                    "errors": exc.errors()[:10],
+                }
+            },
             status_code=422,
         )
 

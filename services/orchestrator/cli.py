@@ -33,8 +33,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(exc))
     setup_logging("orchestrator", settings.log_level)
     uvicorn.run(
-        create_app(settings), host=settings.host, port=settings.port,
-        log_level=settings.log_level.lower(), access_log=False,
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        access_log=False,
     )
 
 

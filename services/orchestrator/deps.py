@@ -23,12 +23,15 @@ class Pool:
     leases: LeaseBook
     ledger: LedgerClient
 
-    async def is_member(self, worker: str) -> bool:
-        # web3 is synchronous; keep it off the event loop.
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            None, partial(self.ledger.is_member, self.settings.pool_id, worker)
-        )
+    async def in_good_standing(self, worker: str) -> bool:
+        """A member whose stake (after any slashing) still covers the pool's minimum."""
+        loop = asyncio.get_running_loop()  # web3 is synchronous; keep it off the event loop
+        pool_id = self.settings.pool_id
+        if not await loop.run_in_executor(None, partial(self.ledger.is_member, pool_id, worker)):
+            return False
+        stake = await loop.run_in_executor(None, partial(self.ledger.stake_of, pool_id, worker))
+        pool = await loop.run_in_executor(None, partial(self.ledger.get_pool, pool_id))
+        return stake >= pool.min_stake
 
 
 def get_pool(request: Request) -> Pool:

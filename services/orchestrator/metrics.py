@@ -1,7 +1,9 @@
 from prometheus_client import Counter, Gauge
 
 REQUESTS_REFUSED = Counter(
-    "orchestrator_refused_total", "Worker requests refused, by route and reason", ["route", "reason"]
+    "orchestrator_refused_total",
+    "Worker requests refused, by route and reason",
+    ["route", "reason"],
 )
 LEASES_ISSUED = Counter("orchestrator_leases_issued_total", "Leases handed to workers")
 SUBMISSIONS = Counter("orchestrator_submissions_total", "Submissions admitted to validation")

@@ -41,14 +41,16 @@ def check_identity(route: str, signer: str, worker: str, pool: Pool, pool_id: in
     except AuthError as exc:
         raise refuse(route, exc.status, exc.reason, "foreign_signer") from exc
     if pool_id != pool.settings.pool_id:
-        raise refuse(route, 404, f"this orchestrator serves pool {pool.settings.pool_id}",
-                     "wrong_pool")
+        raise refuse(
+            route, 404, f"this orchestrator serves pool {pool.settings.pool_id}", "wrong_pool"
+        )
 
 
 async def check_registered(route: str, pool: Pool, worker: str) -> None:
     if not await pool.redis.hexists(WORKERS, worker.lower()):
-        raise refuse(route, 403, "worker is not registered; call /v1/register first",
-                     "not_registered")
+        raise refuse(
+            route, 403, "worker is not registered; call /v1/register first", "not_registered"
+        )
 
 
 @router.post("/register", response_model=RegisterReply)
@@ -56,10 +58,12 @@ async def register(
     body: RegisterRequest, signer: str = Depends(get_signer), pool: Pool = Depends(get_pool)
 ) -> RegisterReply:
     check_identity("register", signer, body.worker, pool, body.pool_id)
-    if not await pool.is_member(body.worker):
+    if not await pool.in_good_standing(body.worker):
         raise refuse(
-            "register", 403,
-            f"{body.worker} has no stake in pool {body.pool_id}; join on chain first",
+            "register",
+            403,
+            f"{body.worker} has no stake (or less than the minimum) in pool {body.pool_id}; "
+            "join on chain first",
             "not_a_member",
         )
     await pool.redis.hset(WORKERS, body.worker.lower(), time.time())
@@ -97,17 +101,20 @@ async def lease(
         return LeaseReply(lease=None, retry_after_s=1.0)
     if body.policy_version < info.min_version:
         raise refuse(
-            "lease", 409,
+            "lease",
+            409,
             f"policy v{body.policy_version} is too old; fetch v{info.version} "
             f"(oldest admitted v{info.min_version})",
             "stale_policy",
         )
     if body.policy_version > info.version:
-        raise refuse("lease", 422, f"policy v{body.policy_version} was never announced",
-                     "unknown_policy")
+        raise refuse(
+            "lease", 422, f"policy v{body.policy_version} was never announced", "unknown_policy"
+        )
     if await pool.leases.open_count(body.worker) >= pool.settings.max_open_leases_per_worker:
-        raise refuse("lease", 429, "too many open leases; submit or let them expire",
-                     "too_many_leases")
+        raise refuse(
+            "lease", 429, "too many open leases; submit or let them expire", "too_many_leases"
+        )
     backlog = await pool.redis.xlen(streams.ROLLOUTS_SUBMITTED)
     pending = await _validation_backlog(pool)
     if pending >= pool.settings.max_submitted_backlog:
@@ -145,25 +152,27 @@ async def submit(
         raise refuse("submit", 410, "the lease expired before submission", "lease_expired")
     if lease.task_id != body.task_id or len(body.completions) != lease.group_size:
         raise refuse(
-            "submit", 422,
+            "submit",
+            422,
             "submission does not answer its lease (task id or group size differ)",
             "lease_mismatch",
         )
     info = await pool.policy.info()
     if info is None or body.policy_version > info.version:
-        raise refuse("submit", 422, f"policy v{body.policy_version} was never announced",
-                     "unknown_policy")
+        raise refuse(
+            "submit", 422, f"policy v{body.policy_version} was never announced", "unknown_policy"
+        )
     oldest = max(info.min_version, lease.min_policy_version)
     if body.policy_version < oldest:
         raise refuse(
-            "submit", 409,
-            f"policy v{body.policy_version} is outside the async bound (oldest admitted "
-            f"v{oldest})",
+            "submit",
+            409,
+            f"policy v{body.policy_version} is outside the async bound (oldest admitted v{oldest})",
             "stale_policy",
         )
-    submission_id = hashlib.sha256(
-        f"{body.lease_id}:{body.content_hash()}".encode()
-    ).hexdigest()[:32]
+    submission_id = hashlib.sha256(f"{body.lease_id}:{body.content_hash()}".encode()).hexdigest()[
+        :32
+    ]
     if not await pool.leases.mark_submitted(lease, submission_id):
         raise refuse("submit", 409, "this lease was already answered", "duplicate")
     entry = SubmittedRollout(submission_id=submission_id, lease=lease, submission=body)

@@ -33,9 +33,7 @@ class PolicyTracker:
         if time.monotonic() - at < 0.25:
             return value
         entries = await self.redis.xrevrange(streams.POLICY_ANNOUNCEMENTS, count=1)
-        value = (
-            streams.decode(PolicyAnnouncement, entries[0][1]) if entries else None
-        )
+        value = streams.decode(PolicyAnnouncement, entries[0][1]) if entries else None
         self._cached = (time.monotonic(), value)
         return value
 

@@ -9,8 +9,9 @@ import sys
 import uvicorn
 from pydantic import ValidationError
 
+from prime_swarm.libs.observability.logs import setup_logging
+
 from .app import create_app
-from .logs import configure_logging
 from .settings import RelaySettings
 
 USAGE = """examples:
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"prime-relay: invalid settings:\n{exc}", file=sys.stderr)
         return 2
-    configure_logging("relay", settings.log_level, mode=settings.mode, port=settings.port)
+    setup_logging("relay", settings.log_level, mode=settings.mode, port=settings.port)
     logging.getLogger(__name__).info("starting", extra={"host": settings.host})
     uvicorn.run(
         create_app(settings),

@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     trainer = Trainer(settings, load_or_create_key(settings.key_file))
     if settings.metrics_port:
         serve_observability(
-            settings.metrics_host, settings.metrics_port,
+            settings.metrics_host,
+            settings.metrics_port,
             lambda: {"service": "trainer", "step": trainer.step},
         )
     try:

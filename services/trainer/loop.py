@@ -31,8 +31,12 @@ class Trainer:
         torch.manual_seed(settings.seed)
         self.r = redis.Redis.from_url(settings.redis_url, socket_timeout=30)
         self.reader = GroupReader(
-            self.r, streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP, settings.consumer,
-            VerifiedRollout, min_idle_ms=settings.reclaim_idle_ms,
+            self.r,
+            streams.ROLLOUTS_VERIFIED,
+            streams.TRAINER_GROUP,
+            settings.consumer,
+            VerifiedRollout,
+            min_idle_ms=settings.reclaim_idle_ms,
         )
         self.step = 0
         start_dir = settings.init_model_dir
@@ -47,7 +51,8 @@ class Trainer:
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.lr, weight_decay=0.0)
         self.cfg = GRPOConfig(
-            clip_eps=settings.clip_eps, temperature=settings.temperature,
+            clip_eps=settings.clip_eps,
+            temperature=settings.temperature,
             max_grad_norm=settings.max_grad_norm,
         )
         self.stale_dropped = 0
@@ -67,16 +72,23 @@ class Trainer:
         """Save the current weights as version `step`, push them to the origin, announce."""
         out = save_pretrained(self.model, self.tokenizer, self._ckpt(self.step))
         signed = publish_version(
-            self.s.origin_url, out, version=self.step,
+            self.s.origin_url,
+            out,
+            version=self.step,
             parent_version=self.step - 1 if self.step > 0 else None,
-            account=self.account, shard_size=self.s.shard_size, timeout=self.s.http_timeout_s,
+            account=self.account,
+            shard_size=self.s.shard_size,
+            timeout=self.s.http_timeout_s,
         )
         ann = PolicyAnnouncement(
-            version=self.step, step=self.step, model_hash=signed.manifest.model_hash,
+            version=self.step,
+            step=self.step,
+            model_hash=signed.manifest.model_hash,
             manifest_path=manifest_path(self.step),
         )
-        self.r.xadd(streams.POLICY_ANNOUNCEMENTS, streams.encode(ann), maxlen=10_000,
-                    approximate=True)
+        self.r.xadd(
+            streams.POLICY_ANNOUNCEMENTS, streams.encode(ann), maxlen=10_000, approximate=True
+        )
         metrics.POLICY_VERSION.set(self.step)
         for old in range(self.step - self.s.keep_checkpoints, -1, -1):
             if old > 0 and self._ckpt(old).exists():  # v0 is kept: it is the start of RL
@@ -114,8 +126,10 @@ class Trainer:
         groups = [
             [
                 Rollout(
-                    prompt_ids=r.prompt_token_ids, completion_ids=c.token_ids,
-                    behaviour_logprobs=c.logprobs, reward=c.reward,
+                    prompt_ids=r.prompt_token_ids,
+                    completion_ids=c.token_ids,
+                    behaviour_logprobs=c.logprobs,
+                    reward=c.reward,
                 )
                 for c in r.completions
             ]
@@ -129,13 +143,19 @@ class Trainer:
         # Acknowledge only once the step's effect (the new version) is durable.
         self.reader.ack(*ids)
         row = progress.StepProgress(
-            step=self.step, version=self.step, mean_reward=sum(rewards) / len(rewards),
-            groups=len(batch), policy_lag_mean=sum(lags) / len(lags), policy_lag_max=max(lags),
+            step=self.step,
+            version=self.step,
+            mean_reward=sum(rewards) / len(rewards),
+            groups=len(batch),
+            policy_lag_mean=sum(lags) / len(lags),
+            policy_lag_max=max(lags),
             stale_dropped=self.stale_dropped,
             accepted_total=int(self.r.xlen(streams.ROLLOUTS_VERIFIED)),
             rejected_total=int(self.r.xlen(streams.ROLLOUTS_REJECTED)),
-            loss=float(stats["loss"]), clip_frac=float(stats.get("clip_frac", 0.0)),
-            seconds=time.time() - t0, wall=time.time() - self.started,
+            loss=float(stats["loss"]),
+            clip_frac=float(stats.get("clip_frac", 0.0)),
+            seconds=time.time() - t0,
+            wall=time.time() - self.started,
         )
         metrics.STEPS.inc()
         metrics.MEAN_REWARD.set(row.mean_reward)

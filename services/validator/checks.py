@@ -34,8 +34,8 @@ def check_lease(entry: SubmittedRollout, policy_tokenizer: object | None = None)
         raise Rejection("lease_mismatch", "task or pool differ from the lease")
     if len(sub.completions) != lease.group_size:
         raise Rejection(
-            "lease_mismatch", f"{len(sub.completions)} completions for group size "
-            f"{lease.group_size}"
+            "lease_mismatch",
+            f"{len(sub.completions)} completions for group size {lease.group_size}",
         )
     for i, c in enumerate(sub.completions):
         if not c.token_ids:
@@ -74,7 +74,9 @@ def check_completions(
     out: list[VerifiedCompletion] = []
     for i, (c, pre) in enumerate(zip(sub.completions, prefilled, strict=True)):
         ctx = ProofContext(
-            model_hash=policy.model_hash, lease_id=lease.lease_id, sample_index=i,
+            model_hash=policy.model_hash,
+            lease_id=lease.lease_id,
+            sample_index=i,
             token_ids=c.token_ids,
         )
         result = verify_proof(pre.hidden, c.proof, ctx)
@@ -101,9 +103,11 @@ def check_completions(
             raise Rejection(
                 "reward_mismatch", f"completion {i} claims {c.claimed_reward}, scores {reward}"
             )
-        out.append(VerifiedCompletion(
-            token_ids=c.token_ids,
-            logprobs=completion_logprobs(pre, c.token_ids, lease.sampling.temperature),
-            reward=reward,
-        ))
+        out.append(
+            VerifiedCompletion(
+                token_ids=c.token_ids,
+                logprobs=completion_logprobs(pre, c.token_ids, lease.sampling.temperature),
+                reward=reward,
+            )
+        )
     return out

@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     if settings.metrics_port:
         serve_observability(
-            settings.metrics_host, settings.metrics_port,
+            settings.metrics_host,
+            settings.metrics_port,
             lambda: {"service": "validator", "verdicts": dict(validator.counts)},
         )
     validator.run(stop)

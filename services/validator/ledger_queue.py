@@ -63,13 +63,16 @@ class LedgerQueue:
         attests = [a for a in actions if a.kind == "attest"]
         try:
             if attests:
-                res = self.ledger.attest_work(self.pool_id, [
-                    Work(a.worker, bytes.fromhex(a.work_key), a.units) for a in attests
-                ])
+                res = self.ledger.attest_work(
+                    self.pool_id,
+                    [Work(a.worker, bytes.fromhex(a.work_key), a.units) for a in attests],
+                )
                 metrics.ATTESTED_UNITS.inc(sum(w.units for w in res.attested))
                 if res.skipped:
-                    log.info("attestations skipped by the ledger",
-                             extra={"fields": {"n": len(res.skipped)}})
+                    log.info(
+                        "attestations skipped by the ledger",
+                        extra={"fields": {"n": len(res.skipped)}},
+                    )
             for a in actions:
                 if a.kind == "slash":
                     try:

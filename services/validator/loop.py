@@ -38,11 +38,17 @@ class Validator:
         self.s, self.account = settings, account
         self.r = redis.Redis.from_url(settings.redis_url, socket_timeout=30)
         self.reader = GroupReader(
-            self.r, streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, settings.consumer,
-            SubmittedRollout, min_idle_ms=settings.reclaim_idle_ms,
+            self.r,
+            streams.ROLLOUTS_SUBMITTED,
+            streams.VALIDATOR_GROUP,
+            settings.consumer,
+            SubmittedRollout,
+            min_idle_ms=settings.reclaim_idle_ms,
         )
         self.ledger = LedgerClient(
-            settings.rpc_url, settings.ledger_address, account=account,
+            settings.rpc_url,
+            settings.ledger_address,
+            account=account,
             timeout=settings.chain_timeout_s,
         )
         if not self.ledger.is_validator(settings.pool_id, account.address):
@@ -50,11 +56,16 @@ class Validator:
                 f"{account.address} is not a registered validator of pool {settings.pool_id}"
             )
         self.queue = LedgerQueue(
-            self.r, self.ledger, settings.pool_id, settings.attest_batch_size,
+            self.r,
+            self.ledger,
+            settings.pool_id,
+            settings.attest_batch_size,
             settings.attest_interval_s,
         )
         self.store = PolicyStore(
-            settings.cache_dir, settings.trusted_trainer, keep=settings.keep_versions,
+            settings.cache_dir,
+            settings.trusted_trainer,
+            keep=settings.keep_versions,
             timeout_s=settings.http_timeout_s,
         )
         self.counts: dict[str, int] = defaultdict(int)
@@ -104,7 +115,8 @@ class Validator:
             policy = items[0][2]
             seqs = [
                 (m.submission.prompt_token_ids, c.token_ids)
-                for _, m, _ in items for c in m.submission.completions
+                for _, m, _ in items
+                for c in m.submission.completions
             ]
             outputs = prefill(policy.model, seqs)
             at = 0
@@ -133,9 +145,13 @@ class Validator:
         completions: list[VerifiedCompletion] | None = None,
     ) -> Verdict:
         return Verdict(
-            submission_id=msg.submission_id, lease_id=msg.lease.lease_id,
-            worker=msg.submission.worker, pool_id=msg.lease.pool_id, accepted=rej is None,
-            reason=rej.reason if rej else None, detail=rej.detail if rej else "",
+            submission_id=msg.submission_id,
+            lease_id=msg.lease.lease_id,
+            worker=msg.submission.worker,
+            pool_id=msg.lease.pool_id,
+            accepted=rej is None,
+            reason=rej.reason if rej else None,
+            detail=rej.detail if rej else "",
             units=sum(len(c.token_ids) for c in completions) if completions else 0,
             validator=self.account.address,
         )
@@ -145,9 +161,12 @@ class Validator:
         msg: SubmittedRollout, verdict: Verdict, completions: list[VerifiedCompletion]
     ) -> VerifiedRollout:
         return VerifiedRollout(
-            submission_id=msg.submission_id, worker=msg.submission.worker,
-            task_id=msg.submission.task_id, policy_version=msg.submission.policy_version,
-            prompt_token_ids=msg.submission.prompt_token_ids, completions=completions,
+            submission_id=msg.submission_id,
+            worker=msg.submission.worker,
+            task_id=msg.submission.task_id,
+            policy_version=msg.submission.policy_version,
+            prompt_token_ids=msg.submission.prompt_token_ids,
+            completions=completions,
             verdict=verdict,
         )
 
@@ -165,8 +184,10 @@ class Validator:
                 action = ChainAction("attest", verdict.worker, key, units=verdict.units)
             else:
                 pipe.xadd(streams.ROLLOUTS_REJECTED, streams.encode(verdict))
-                action = None if verdict.reason in NOT_SLASHED else ChainAction(
-                    "slash", verdict.worker, key, reason=str(verdict.reason)
+                action = (
+                    None
+                    if verdict.reason in NOT_SLASHED
+                    else ChainAction("slash", verdict.worker, key, reason=str(verdict.reason))
                 )
             if action is not None:
                 pipe.rpush(self.queue.key, action.dumps())
@@ -175,8 +196,16 @@ class Validator:
             self.counts[label] += 1
             metrics.VERDICTS.labels(label).inc()
             if not verdict.accepted:
-                log.info("rejected", extra={"fields": {
-                    "worker": verdict.worker, "reason": verdict.reason, "detail": verdict.detail}})
+                log.info(
+                    "rejected",
+                    extra={
+                        "fields": {
+                            "worker": verdict.worker,
+                            "reason": verdict.reason,
+                            "detail": verdict.detail,
+                        }
+                    },
+                )
         for entry_id in undecodable:
             pipe.xack(streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, entry_id)
         pipe.execute()

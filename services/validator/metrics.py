@@ -2,7 +2,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 VERDICTS = Counter("validator_verdicts_total", "Verdicts by outcome and reason", ["reason"])
 LATENCY = Histogram(
-    "validator_batch_seconds", "Seconds to validate one batch",
+    "validator_batch_seconds",
+    "Seconds to validate one batch",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
 )
 QUEUE_DEPTH = Gauge("validator_queue_depth", "Submissions waiting for validation")

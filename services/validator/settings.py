@@ -27,7 +27,9 @@ class ValidatorSettings(BaseSettings):
     reward_tolerance: float = Field(1e-6, ge=0, description="Slack on a claimed reward.")
     batch_size: int = Field(16, ge=1, description="Submissions read (and prefilled) per batch.")
     attest_batch_size: int = Field(32, ge=1, description="Work items per attest transaction.")
-    attest_interval_s: float = Field(2.0, gt=0, description="Flush attestations at least this often.")
+    attest_interval_s: float = Field(
+        2.0, gt=0, description="Flush attestations at least this often."
+    )
     consumer: str = Field("validator-0", description="Consumer name in the validators group.")
     reclaim_idle_ms: int = Field(30_000, description="Reclaim entries idle this long.")
     chain_timeout_s: float = Field(30.0, gt=0, description="Timeout of each chain call.")

@@ -1,6 +1,6 @@
 """`prime-worker`: contribute compute to a pool.
 
-    prime-worker join --pool 1 --rpc-url http://127.0.0.1:8545 --ledger 0x...
+prime-worker join --pool 1 --rpc-url http://127.0.0.1:8545 --ledger 0x...
 """
 
 from __future__ import annotations
@@ -18,8 +18,11 @@ from .settings import WorkerSettings
 
 def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> WorkerSettings:
     overrides = {
-        "pool_id": args.pool, "rpc_url": args.rpc_url, "ledger_address": args.ledger,
-        "key_file": args.key_file, "cache_dir": getattr(args, "cache_dir", None),
+        "pool_id": args.pool,
+        "rpc_url": args.rpc_url,
+        "ledger_address": args.ledger,
+        "key_file": args.key_file,
+        "cache_dir": getattr(args, "cache_dir", None),
         "max_rollouts": getattr(args, "max_rollouts", None),
         "unstake_on_exit": True if getattr(args, "unstake_on_exit", False) else None,
         "progress": False if getattr(args, "no_progress", False) else None,
@@ -31,12 +34,17 @@ def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Work
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="prime-worker", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="prime-worker",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_text in (("join", "stake, register and generate rollouts until Ctrl-C"),
-                            ("leave", "unstake from a pool"),
-                            ("address", "print (and create) this worker's address")):
+    for name, help_text in (
+        ("join", "stake, register and generate rollouts until Ctrl-C"),
+        ("leave", "unstake from a pool"),
+        ("address", "print (and create) this worker's address"),
+    ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--pool", type=int, help="on-chain pool id (PRIME_WORKER_POOL_ID)")
         p.add_argument("--rpc-url", help="chain JSON-RPC URL (PRIME_WORKER_RPC_URL)")
@@ -69,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         worker.ledger.leave(settings.pool_id)
         print(f"{account.address} left pool {settings.pool_id}")
         return
+
     # Ctrl-C / SIGTERM: finish the rollout in hand, then stop (and unstake if asked).
     def request_stop(*_: object) -> None:
         worker.stop.set()

@@ -68,7 +68,8 @@ class OrchestratorClient:
                 detail = resp.text
             if isinstance(detail, dict):
                 raise OrchestratorError(
-                    resp.status_code, str(detail.get("reason", "error")),
+                    resp.status_code,
+                    str(detail.get("reason", "error")),
                     str(detail.get("message", detail)),
                 )
             raise OrchestratorError(resp.status_code, "error", str(detail))

@@ -34,7 +34,9 @@ class Worker:
     def __init__(self, settings: WorkerSettings, account: LocalAccount) -> None:
         self.s, self.account = settings, account
         self.ledger = LedgerClient(
-            settings.rpc_url, settings.ledger_address, account=account,
+            settings.rpc_url,
+            settings.ledger_address,
+            account=account,
             timeout=settings.chain_timeout_s,
         )
         self.stop = threading.Event()
@@ -67,10 +69,13 @@ class Worker:
         while not self.stop.wait(interval):
             held = self.store.latest_loaded() if self.store else None
             try:
-                reply = client.heartbeat(Heartbeat(
-                    worker=self.account.address, pool_id=self.s.pool_id,
-                    policy_version=held.version if held else None,
-                ))
+                reply = client.heartbeat(
+                    Heartbeat(
+                        worker=self.account.address,
+                        pool_id=self.s.pool_id,
+                        policy_version=held.version if held else None,
+                    )
+                )
                 if reply.policy is not None:
                     self.policy_info = reply.policy
             except Exception as exc:  # a missed heartbeat is not fatal; the next one retries
@@ -82,15 +87,21 @@ class Worker:
             return None
         if self.store is None:
             self.store = PolicyStore(
-                self.s.cache_dir / self.account.address.lower(), info.trainer,
-                keep=self.s.keep_versions, timeout_s=self.s.http_timeout_s * 4,
+                self.s.cache_dir / self.account.address.lower(),
+                info.trainer,
+                keep=self.s.keep_versions,
+                timeout_s=self.s.http_timeout_s * 4,
             )
         held = self.store.latest_loaded()
         if held is not None and held.version >= info.version:
             return held
         bar = tqdm(
-            total=0, unit="B", unit_scale=True, desc=f"policy v{info.version}",
-            disable=not self.s.progress, leave=False,
+            total=0,
+            unit="B",
+            unit_scale=True,
+            desc=f"policy v{info.version}",
+            disable=not self.s.progress,
+            leave=False,
         )
 
         def progress(done: int, total: int) -> None:
@@ -112,9 +123,13 @@ class Worker:
             orchestrator_url, self.account, self.s.http_timeout_s, self.s.retry_budget
         )
         try:
-            reply = client.register(RegisterRequest(
-                worker=self.account.address, pool_id=self.s.pool_id, backend=self.s.backend,
-            ))
+            reply = client.register(
+                RegisterRequest(
+                    worker=self.account.address,
+                    pool_id=self.s.pool_id,
+                    backend=self.s.backend,
+                )
+            )
         except OrchestratorError as exc:
             raise JoinError(f"registration refused: {exc}") from exc
         self.policy_info = reply.policy
@@ -131,8 +146,10 @@ class Worker:
             if self.s.unstake_on_exit:
                 self.ledger.leave(self.s.pool_id)
                 log.info("left the pool and unstaked")
-            log.info("worker stopped", extra={"fields": {
-                "submitted": self.submitted, "refused": self.refused}})
+            log.info(
+                "worker stopped",
+                extra={"fields": {"submitted": self.submitted, "refused": self.refused}},
+            )
 
     def _work(self, client: OrchestratorClient) -> None:
         while not self.stop.is_set():
@@ -143,10 +160,13 @@ class Worker:
                 self.stop.wait(0.5)
                 continue
             try:
-                lease_reply = client.lease(LeaseRequest(
-                    worker=self.account.address, pool_id=self.s.pool_id,
-                    policy_version=policy.version,
-                ))
+                lease_reply = client.lease(
+                    LeaseRequest(
+                        worker=self.account.address,
+                        pool_id=self.s.pool_id,
+                        policy_version=policy.version,
+                    )
+                )
             except OrchestratorError as exc:
                 if exc.reason == "stale_policy":
                     self._refresh_policy_info(client)
@@ -162,18 +182,28 @@ class Worker:
             try:
                 client.submit(submission)
                 self.submitted += 1
-                log.info("submitted", extra={"fields": {
-                    "lease": submission.lease_id, "version": policy.version,
-                    "seconds": round(time.monotonic() - started, 3)}})
+                log.info(
+                    "submitted",
+                    extra={
+                        "fields": {
+                            "lease": submission.lease_id,
+                            "version": policy.version,
+                            "seconds": round(time.monotonic() - started, 3),
+                        }
+                    },
+                )
             except OrchestratorError as exc:
                 self.refused += 1
                 log.warning("submission refused: %s", exc)
 
     def _refresh_policy_info(self, client: OrchestratorClient) -> None:
         held = self.store.latest_loaded() if self.store else None
-        reply = client.heartbeat(Heartbeat(
-            worker=self.account.address, pool_id=self.s.pool_id,
-            policy_version=held.version if held else None,
-        ))
+        reply = client.heartbeat(
+            Heartbeat(
+                worker=self.account.address,
+                pool_id=self.s.pool_id,
+                policy_version=held.version if held else None,
+            )
+        )
         if reply.policy is not None:
             self.policy_info = reply.policy

@@ -12,7 +12,7 @@ from prime_swarm.deploy.local.network import LocalNetwork
 from prime_swarm.deploy.local.settings import LocalNetworkSettings
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.protocol import streams
-from prime_swarm.protocol.messages import VerifiedRollout
+from prime_swarm.protocol.messages import Verdict, VerifiedRollout
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 3
@@ -22,8 +22,12 @@ STEPS = 3
 def finished_network(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     run_dir = tmp_path_factory.mktemp("run")
     settings = LocalNetworkSettings(
-        runs_dir=run_dir.parent, cache_dir=REPO / ".cache", steps=STEPS, workers=3,
-        groups_per_step=6, warm_start_steps=60,
+        runs_dir=run_dir.parent,
+        cache_dir=REPO / ".cache",
+        steps=STEPS,
+        workers=3,
+        groups_per_step=6,
+        warm_start_steps=60,
     )
     net = LocalNetwork(settings, prepare_model(settings), run_dir)
     try:
@@ -43,8 +47,13 @@ def test_rollouts_pass_every_stage(finished_network) -> None:  # noqa: ANN001
     counts = net.stream_counts()
     assert counts["submitted"] >= STEPS * 6
     assert counts["verified"] >= STEPS * 6
-    # Honest workers: nothing is rejected.
-    assert counts["rejected"] == 0
+    # Honest workers are never rejected for cheating; a group that went stale while queued is
+    # refused without slashing.
+    r = net.redis.client()
+    reasons = {streams.decode(Verdict, f).reason for _, f in r.xrange(streams.ROLLOUTS_REJECTED)}
+    assert reasons <= {"stale_policy"}
+    ledger = LedgerClient(net.topo.rpc_url, net.topo.ledger, account=None, timeout=30)
+    assert ledger.worker_slashed_events(net.topo.pool_id) == []
 
 
 def test_workers_moved_to_newer_policies(finished_network) -> None:  # noqa: ANN001

@@ -32,8 +32,9 @@ TRAINER = "0x" + "11" * 20
 
 
 @pytest.fixture(scope="module")
-def pool(anvil: Anvil, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
-         ) -> Iterator[dict]:
+def pool(
+    anvil: Anvil, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict]:
     owner, member, outsider = anvil.dev_accounts(3)[0], Account.create(), Account.create()
     ledger_addr = deploy_ledger(anvil.rpc_url, owner).address
     owner_client = LedgerClient(anvil.rpc_url, ledger_addr, account=owner, timeout=30)
@@ -44,16 +45,28 @@ def pool(anvil: Anvil, redis_server: RedisServer, tmp_path_factory: pytest.TempP
     LedgerClient(anvil.rpc_url, ledger_addr, account=member, timeout=30).join(pool_id, 10**18)
     r = redis_server.client()
     r.flushall()
-    r.xadd(streams.POLICY_ANNOUNCEMENTS, streams.encode(PolicyAnnouncement(
-        version=5, step=5, model_hash="ab" * 32, manifest_path="/v1/versions/5/manifest")))
+    r.xadd(
+        streams.POLICY_ANNOUNCEMENTS,
+        streams.encode(
+            PolicyAnnouncement(
+                version=5, step=5, model_hash="ab" * 32, manifest_path="/v1/versions/5/manifest"
+            )
+        ),
+    )
     logs = tmp_path_factory.mktemp("orch-logs")
     proc = ManagedProcess(
-        "orchestrator", [sys.executable, "-m", "prime_swarm.services.orchestrator.cli"], logs,
+        "orchestrator",
+        [sys.executable, "-m", "prime_swarm.services.orchestrator.cli"],
+        logs,
         env={
-            "PRIME_ORCH_PORT": str(port), "PRIME_ORCH_REDIS_URL": redis_server.url,
-            "PRIME_ORCH_RPC_URL": anvil.rpc_url, "PRIME_ORCH_LEDGER_ADDRESS": ledger_addr,
-            "PRIME_ORCH_POOL_ID": str(pool_id), "PRIME_ORCH_TRAINER_ADDRESS": TRAINER,
-            "PRIME_ORCH_RELAYS": '["http://127.0.0.1:1"]', "PRIME_ORCH_GROUP_SIZE": "2",
+            "PRIME_ORCH_PORT": str(port),
+            "PRIME_ORCH_REDIS_URL": redis_server.url,
+            "PRIME_ORCH_RPC_URL": anvil.rpc_url,
+            "PRIME_ORCH_LEDGER_ADDRESS": ledger_addr,
+            "PRIME_ORCH_POOL_ID": str(pool_id),
+            "PRIME_ORCH_TRAINER_ADDRESS": TRAINER,
+            "PRIME_ORCH_RELAYS": '["http://127.0.0.1:1"]',
+            "PRIME_ORCH_GROUP_SIZE": "2",
             "PRIME_ORCH_MAX_OPEN_LEASES_PER_WORKER": "3",
         },
         cwd=Path.cwd(),
@@ -61,8 +74,7 @@ def pool(anvil: Anvil, redis_server: RedisServer, tmp_path_factory: pytest.TempP
     url = f"http://127.0.0.1:{port}"
     try:
         proc.wait_http(f"{url}/healthz", timeout_s=30)
-        yield {"url": url, "pool_id": pool_id, "member": member, "outsider": outsider,
-               "redis": r}
+        yield {"url": url, "pool_id": pool_id, "member": member, "outsider": outsider, "redis": r}
     finally:
         proc.stop()
         r.close()
@@ -77,29 +89,38 @@ def body(pool: dict, worker: str, **extra: object) -> dict:
 
 
 def test_unsigned_and_forged_requests_are_401(pool: dict) -> None:
-    resp = httpx.post(f"{pool['url']}/v1/heartbeat", json=body(pool, pool["member"].address,
-                      policy_version=None), timeout=10)
+    resp = httpx.post(
+        f"{pool['url']}/v1/heartbeat",
+        json=body(pool, pool["member"].address, policy_version=None),
+        timeout=10,
+    )
     assert resp.status_code == 401 and "missing signature" in resp.text
-    payload = httpx.Request("POST", "/", json=body(pool, pool["member"].address,
-                                                    policy_version=None)).content
+    payload = httpx.Request(
+        "POST", "/", json=body(pool, pool["member"].address, policy_version=None)
+    ).content
     headers = sign_request(pool["member"], "POST", "/v1/heartbeat", "", payload)
     tampered = payload.replace(b"null", b"1")
-    resp = httpx.post(f"{pool['url']}/v1/heartbeat", content=tampered,
-                      headers={**headers, "content-type": "application/json"}, timeout=10)
+    resp = httpx.post(
+        f"{pool['url']}/v1/heartbeat",
+        content=tampered,
+        headers={**headers, "content-type": "application/json"},
+        timeout=10,
+    )
     assert resp.status_code == 401 and "does not match" in resp.text
 
 
 def test_replayed_request_is_refused(pool: dict) -> None:
     c = client(pool, pool["member"])
     c.register(_register(pool, pool["member"].address))
-    payload = httpx.Request("POST", "/", json=body(pool, pool["member"].address,
-                                                    policy_version=None)).content
-    headers = {**sign_request(pool["member"], "POST", "/v1/heartbeat", "", payload),
-               "content-type": "application/json"}
-    first = httpx.post(f"{pool['url']}/v1/heartbeat", content=payload, headers=headers,
-                       timeout=10)
-    again = httpx.post(f"{pool['url']}/v1/heartbeat", content=payload, headers=headers,
-                       timeout=10)
+    payload = httpx.Request(
+        "POST", "/", json=body(pool, pool["member"].address, policy_version=None)
+    ).content
+    headers = {
+        **sign_request(pool["member"], "POST", "/v1/heartbeat", "", payload),
+        "content-type": "application/json",
+    }
+    first = httpx.post(f"{pool['url']}/v1/heartbeat", content=payload, headers=headers, timeout=10)
+    again = httpx.post(f"{pool['url']}/v1/heartbeat", content=payload, headers=headers, timeout=10)
     assert first.status_code == 200
     assert again.status_code == 401 and "replayed nonce" in again.text
 
@@ -179,8 +200,14 @@ def _lease_req(pool: dict, worker: str, version: int):  # noqa: ANN202
 
 def _submission(lease, worker: str, n: int | None = None) -> RolloutSubmission:  # noqa: ANN001
     return RolloutSubmission(
-        lease_id=lease.lease_id, worker=worker, pool_id=lease.pool_id, task_id=lease.task_id,
-        policy_version=4, prompt_token_ids=[1, 2, 3],
-        completions=[CompletionSample(token_ids=[4, 5], finish_reason="eos", proof=b"p")
-                     for _ in range(n or lease.group_size)],
+        lease_id=lease.lease_id,
+        worker=worker,
+        pool_id=lease.pool_id,
+        task_id=lease.task_id,
+        policy_version=4,
+        prompt_token_ids=[1, 2, 3],
+        completions=[
+            CompletionSample(token_ids=[4, 5], finish_reason="eos", proof=b"p")
+            for _ in range(n or lease.group_size)
+        ],
     )

@@ -24,8 +24,9 @@ def test_entries_of_a_crashed_consumer_are_reclaimed(redis_client: redis.Redis) 
     assert [e.message.version for e in got] == [0, 1]
     # `crashed` dies without XACK. A survivor first gets new work, then, once the entries have
     # been idle long enough, the dead consumer's pending ones.
-    survivor = GroupReader(redis_client, STREAM, "g", "survivor", PolicyAnnouncement,
-                           min_idle_ms=50)
+    survivor = GroupReader(
+        redis_client, STREAM, "g", "survivor", PolicyAnnouncement, min_idle_ms=50
+    )
     time.sleep(0.1)
     reclaimed = survivor.read(count=10, block_ms=100)
     assert sorted(e.message.version for e in reclaimed) == [0, 1]

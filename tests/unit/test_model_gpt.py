@@ -27,9 +27,9 @@ def test_left_and_right_padding_match_unpadded():
             ids, mask = pad(seqs, m.config.pad_token_id)
             logits, _ = m(ids, attention_mask=mask)
             assert torch.isfinite(logits).all()
-            for i, s in enumerate(seqs):
+            for i, expected in enumerate(single):
                 rows = mask[i].bool()
-                assert torch.allclose(logits[i][rows], single[i], atol=1e-5)
+                assert torch.allclose(logits[i][rows], expected, atol=1e-5)
 
 
 def test_full_mask_equals_no_mask():

@@ -18,15 +18,27 @@ WORKER = "0x" + "ab" * 20
 
 def make_lease() -> Lease:
     return Lease(
-        lease_id="l1", worker=WORKER, pool_id=1, env="reverse", task_id="train-1", prompt="abc",
-        group_size=2, sampling=SamplingParams(temperature=1.0, max_new_tokens=8), seed=7,
-        min_policy_version=0, expires_at=1e10,
+        lease_id="l1",
+        worker=WORKER,
+        pool_id=1,
+        env="reverse",
+        task_id="train-1",
+        prompt="abc",
+        group_size=2,
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=8),
+        seed=7,
+        min_policy_version=0,
+        expires_at=1e10,
     )
 
 
 def make_submission(tokens: list[int]) -> RolloutSubmission:
     return RolloutSubmission(
-        lease_id="l1", worker=WORKER, pool_id=1, task_id="train-1", policy_version=3,
+        lease_id="l1",
+        worker=WORKER,
+        pool_id=1,
+        task_id="train-1",
+        policy_version=3,
         prompt_token_ids=[1, 2],
         completions=[CompletionSample(token_ids=tokens, finish_reason="eos", proof=b"\x00\xff")],
     )

@@ -25,8 +25,14 @@ def burner() -> object:
     return burn
 
 
-def verify(headers: dict[str, str], body: bytes = b'{"a":1}', burn=None, now=None,  # noqa: ANN001
-           path: str = "/v1/submit", query: str = "") -> str:
+def verify(
+    headers: dict[str, str],
+    body: bytes = b'{"a":1}',
+    burn=None,
+    now=None,  # noqa: ANN001
+    path: str = "/v1/submit",
+    query: str = "",
+) -> str:
     return asyncio.run(
         verify_request("POST", path, query, body, headers, burn or burner(), now=now)
     )

@@ -1,0 +1,48 @@
+#!/bin/sh
+# Entrypoint of every Prime Swarm image.
+#
+# 1. If SWARM_ENV_FILE is set, wait for that file (written by the one-shot deployer into the
+#    shared chain volume) and export its KEY=VALUE lines: the ledger address, pool id and trainer
+#    address exist only once the deployer has run. Variables already set in the container's
+#    environment win over the file.
+# 2. Run the given command, or this image's service when none is given.
+set -eu
+
+if [ -n "${SWARM_ENV_FILE:-}" ]; then
+    waited=0
+    limit="${SWARM_ENV_WAIT_S:-300}"
+    while [ ! -s "$SWARM_ENV_FILE" ]; do
+        if [ "$waited" -ge "$limit" ]; then
+            echo "prime-entrypoint: $SWARM_ENV_FILE did not appear within ${limit}s" >&2
+            exit 1
+        fi
+        sleep 1
+        waited=$((waited + 1))
+    done
+    while IFS= read -r line || [ -n "$line" ]; do
+        case "$line" in
+            '' | '#'*) continue ;;
+        esac
+        key=${line%%=*}
+        case "$key" in
+            *[!A-Za-z0-9_]* | [0-9]*) echo "prime-entrypoint: bad line in $SWARM_ENV_FILE" >&2; exit 1 ;;
+        esac
+        eval "already=\${$key+set}"
+        if [ -z "$already" ]; then
+            export "$line"
+        fi
+    done < "$SWARM_ENV_FILE"
+fi
+
+if [ "$#" -eq 0 ]; then
+    case "${SWARM_EXTRA:-}" in
+        relay) set -- prime-relay relay ;;
+        orchestrator) set -- prime-orchestrator ;;
+        validator) set -- prime-validator ;;
+        trainer) set -- prime-trainer ;;
+        worker) set -- prime-worker join ;;
+        chain) set -- anvil --host 0.0.0.0 --port 8545 ;;
+        *) echo "prime-entrypoint: no command given and SWARM_EXTRA is unset" >&2; exit 2 ;;
+    esac
+fi
+exec "$@"
