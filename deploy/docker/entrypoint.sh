@@ -42,7 +42,7 @@ if [ "$#" -eq 0 ]; then
         trainer) set -- prime-trainer ;;
         worker) set -- prime-worker join ;;
         chain) set -- anvil --host 0.0.0.0 --port 8545 ;;
-        *) echo "prime-entrypoint: no command given and SWARM_EXTRA is unset" >&2; exit 2 ;;
+        *) echo "prime-entrypoint: no command given and SWARM_EXTRA='${SWARM_EXTRA:-}' names no service" >&2; exit 2 ;;
     esac
 fi
 exec "$@"

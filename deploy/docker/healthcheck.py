@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Container healthcheck with the standard library only (the slim images have no curl).
 
-    prime-healthcheck http://127.0.0.1:8000/healthz       # 200 from a service's /healthz
-    prime-healthcheck --rpc http://127.0.0.1:8545         # an EVM JSON-RPC answers eth_chainId
+prime-healthcheck http://127.0.0.1:8000/healthz       # 200 from a service's /healthz
+prime-healthcheck --rpc http://127.0.0.1:8545         # an EVM JSON-RPC answers eth_chainId
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
+from prime_swarm.libs.observability.http import serve_observability
 from prime_swarm.libs.observability.logs import setup_logging
 from prime_swarm.protocol.keys import KeyFileError, load_or_create_key
 
@@ -84,6 +85,17 @@ def main(argv: list[str] | None = None) -> None:
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
+    if settings.metrics_port:
+        serve_observability(
+            settings.metrics_host,
+            settings.metrics_port,
+            lambda: {
+                "service": "worker",
+                "address": account.address,
+                "submitted": worker.submitted,
+                "refused": worker.refused,
+            },
+        )
     try:
         worker.run()
     except JoinError as exc:

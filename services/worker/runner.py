@@ -18,6 +18,7 @@ from prime_swarm.protocol.messages import (
     RegisterRequest,
 )
 
+from . import metrics
 from .client import OrchestratorClient, OrchestratorError
 from .rollout import answer_lease
 from .settings import WorkerSettings
@@ -182,6 +183,7 @@ class Worker:
             try:
                 client.submit(submission)
                 self.submitted += 1
+                metrics.SUBMITTED.inc()
                 log.info(
                     "submitted",
                     extra={
@@ -194,6 +196,7 @@ class Worker:
                 )
             except OrchestratorError as exc:
                 self.refused += 1
+                metrics.REFUSED.labels(exc.reason).inc()
                 log.warning("submission refused: %s", exc)
 
     def _refresh_policy_info(self, client: OrchestratorClient) -> None:

@@ -31,4 +31,6 @@ class WorkerSettings(BaseSettings):
     unstake_on_exit: bool = Field(False, description="Leave the pool (unstake) on Ctrl-C.")
     keep_versions: int = Field(3, ge=1, description="Policy versions kept in the cache.")
     progress: bool = Field(True, description="Show download progress bars.")
+    metrics_host: str = Field("127.0.0.1", description="Interface for /healthz and /metrics.")
+    metrics_port: int = Field(0, description="Port for /healthz and /metrics (0: disabled).")
     log_level: str = Field("INFO", description="Log level.")

@@ -1,0 +1,367 @@
+"""The compose deployment (docker-compose.yml, deploy/docker, deploy/prometheus, deploy/grafana)
+agrees with the code: every DESIGN service is there, each image carries its own extra, and every
+PRIME_* variable it sets is a real setting of the service that reads it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+from prime_swarm.services.orchestrator.settings import OrchestratorSettings
+from prime_swarm.services.relay.settings import RelaySettings
+from prime_swarm.services.trainer.settings import TrainerSettings
+from prime_swarm.services.validator.settings import ValidatorSettings
+from prime_swarm.services.worker.settings import WorkerSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"
+DEPLOYER = ROOT / "deploy" / "docker" / "deployer.py"
+
+# Settings class of each PRIME_* prefix.
+SETTINGS = {
+    "PRIME_ORCH_": OrchestratorSettings,
+    "PRIME_TRAINER_": TrainerSettings,
+    "PRIME_VALIDATOR_": ValidatorSettings,
+    "PRIME_RELAY_": RelaySettings,
+    "PRIME_WORKER_": WorkerSettings,
+}
+# PRIME_* names read by something other than a settings class.
+OTHER_PRIME_VARS = {"PRIME_ANVIL_BIN", "PRIME_CHAIN_PRIVATE_KEY"}
+
+# Compose service -> the extra its image installs (None: a third-party image).
+ROLE_EXTRA = {
+    "redis": None,
+    "anvil": "chain",
+    "deployer": "chain",
+    "model-init": "trainer",
+    "origin": "relay",
+    "relay": "relay",
+    "orchestrator": "orchestrator",
+    "validator": "validator",
+    "trainer": "trainer",
+    "prometheus": None,
+    "grafana": None,
+}
+# Compose service -> the settings prefix of the service it runs.
+ROLE_PREFIX = {
+    "origin": "PRIME_RELAY_",
+    "relay": "PRIME_RELAY_",
+    "orchestrator": "PRIME_ORCH_",
+    "validator": "PRIME_VALIDATOR_",
+    "trainer": "PRIME_TRAINER_",
+}
+TORCH_EXTRAS = {"trainer", "validator", "worker"}
+PUBLISHED = {"orchestrator", "relay", "prometheus", "grafana"}
+WORKERS = 3
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict) -> dict[str, dict]:
+    return compose["services"]
+
+
+@pytest.fixture(scope="module")
+def deployer() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("compose_deployer", DEPLOYER)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # stdlib-only at import time
+    return module
+
+
+def env_of(service: dict) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def worker_services(services: dict[str, dict]) -> list[str]:
+    return sorted(n for n in services if n == "worker" or n.startswith("worker-"))
+
+
+def role_of(name: str) -> str:
+    return "worker" if name.startswith("worker") else name
+
+
+def prefix_of(name: str) -> str | None:
+    return "PRIME_WORKER_" if role_of(name) == "worker" else ROLE_PREFIX.get(name)
+
+
+def settings_for(var: str) -> tuple[str, type] | None:
+    for prefix, cls in SETTINGS.items():
+        if var.startswith(prefix):
+            return prefix, cls
+    return None
+
+
+def extras_closure(extra: str, table: dict[str, list[str]]) -> tuple[set[str], list[str]]:
+    """The extras `extra` pulls in (itself included) and all their requirement strings."""
+    seen, reqs, todo = set(), [], [extra]
+    while todo:
+        e = todo.pop()
+        if e in seen:
+            continue
+        seen.add(e)
+        for req in table[e]:
+            m = re.fullmatch(r"prime-swarm\[([^\]]+)\]", req.strip())
+            if m:
+                todo.extend(x.strip() for x in m.group(1).split(","))
+            else:
+                reqs.append(req)
+    return seen, reqs
+
+
+# ------------------------------------------------------------------------------------ services
+
+
+def test_every_design_service_is_present(services: dict[str, dict]) -> None:
+    missing = sorted(set(ROLE_EXTRA) - set(services))
+    assert not missing, f"docker-compose.yml lacks {missing}"
+    workers = worker_services(services)
+    replicas = sum(int(((services[w].get("deploy") or {}).get("replicas")) or 1) for w in workers)
+    assert replicas == WORKERS, f"expected {WORKERS} workers, found {workers} ({replicas})"
+
+
+def test_each_image_installs_its_roles_extra(services: dict[str, dict]) -> None:
+    by_image: dict[str, str] = {}
+    for name, svc in services.items():
+        expected = "worker" if role_of(name) == "worker" else ROLE_EXTRA.get(name)
+        build = svc.get("build")
+        if expected is None:
+            assert build is None, f"{name} is a stock image and should not be built"
+            continue
+        assert isinstance(build, dict), f"{name} must be built from deploy/docker/Dockerfile"
+        assert build["dockerfile"] == "deploy/docker/Dockerfile"
+        assert build.get("context", ".") == "."
+        extra = build["args"]["EXTRA"]
+        assert extra == expected, f"{name} image has EXTRA={extra}, expected {expected}"
+        image = svc["image"]
+        assert by_image.setdefault(image, extra) == extra, f"{image} is built with two extras"
+
+
+def test_relay_orchestrator_and_chain_extras_never_pull_torch() -> None:
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra in ("relay", "orchestrator", "chain"):
+        _, reqs = extras_closure(extra, table)
+        assert not [r for r in reqs if r.startswith("torch")], f"{extra} pulls torch"
+    for extra in TORCH_EXTRAS:
+        _, reqs = extras_closure(extra, table)
+        assert "torch==2.13.0" in reqs, f"{extra} should need the pinned torch"
+
+
+def test_dockerfile_builds_per_extra_with_pinned_cpu_torch() -> None:
+    text = DOCKERFILE.read_text()
+    assert "ARG EXTRA" in text
+    assert re.search(r"^FROM \$\{PYTHON_IMAGE\}", text, re.M)
+    assert "ARG PYTHON_IMAGE=python:3.11-slim" in text
+    assert "ARG TORCH_VERSION=2.13.0" in text
+    assert "https://download.pytorch.org/whl/cpu" in text
+    # torch is installed for exactly the extras that need it, before the package itself.
+    case = re.search(r"^\s*([a-z|]+)\) pip install --index-url", text, re.M)
+    assert case and set(case.group(1).split("|")) == TORCH_EXTRAS
+    assert text.index("torch==${TORCH_VERSION}") < text.index('pip install ".[${EXTRA}]"')
+    # The anvil package is the one `make` installs locally.
+    anvil = json.loads((ROOT / ".tools" / "package.json").read_text())["dependencies"]
+    assert f"ARG ANVIL_VERSION={anvil['@foundry-rs/anvil-linux-amd64']}" in text
+    # The final stage runs as the unprivileged user and holds no build tools.
+    final = text[text.rindex("\nFROM ") :]
+    assert re.search(r"^USER prime$", final, re.M)
+    for tool in ("apt-get", "npm", "gcc", "pip install"):
+        assert tool not in final, f"final stage uses {tool}"
+
+
+# ------------------------------------------------------------------------------------ settings
+
+
+def test_every_prime_variable_is_a_setting_of_its_service(
+    services: dict[str, dict], deployer: ModuleType
+) -> None:
+    problems = []
+    for name, svc in services.items():
+        for var in env_of(svc):
+            if not var.startswith("PRIME_") or var in OTHER_PRIME_VARS:
+                continue
+            found = settings_for(var)
+            if found is None:
+                problems.append(f"{name}: {var} has no settings class")
+                continue
+            prefix, cls = found
+            if prefix_of(name) != prefix:
+                problems.append(f"{name}: {var} belongs to another service ({cls.__name__})")
+            if var[len(prefix) :].lower() not in cls.model_fields:
+                problems.append(f"{name}: {var} is not a field of {cls.__name__}")
+    for file, variables in deployer.ENV_FILES.items():
+        for var in variables:
+            found = settings_for(var)
+            if found is None or var[len(found[0]) :].lower() not in found[1].model_fields:
+                problems.append(f"deployer {file}: {var} is not a setting")
+    assert not problems, "\n".join(problems)
+
+
+def test_required_settings_are_provided(services: dict[str, dict], deployer: ModuleType) -> None:
+    problems = []
+    for name, svc in services.items():
+        prefix = prefix_of(name)
+        if prefix is None:
+            continue
+        cls = SETTINGS[prefix]
+        env = env_of(svc)
+        provided = {v[len(prefix) :].lower() for v in env if v.startswith(prefix)}
+        env_file = env.get("SWARM_ENV_FILE")
+        if env_file:
+            file_vars = deployer.ENV_FILES[Path(env_file).name]
+            provided |= {v[len(prefix) :].lower() for v in file_vars if v.startswith(prefix)}
+            assert env_file.startswith("/data/chain/"), f"{name}: env file outside the volume"
+        if cls is RelaySettings:
+            provided.add("mode")  # the `prime-relay origin|relay` subcommand
+        required = {f for f, info in cls.model_fields.items() if info.is_required()}
+        if not required <= provided:
+            problems.append(f"{name}: {cls.__name__} needs {sorted(required - provided)}")
+    assert not problems, "\n".join(problems)
+
+
+PLACEHOLDERS = {"ledger": "0x" + "5f" * 20, "pool_id": "1", "trainer": "0x" + "34" * 20}
+
+
+def interpolate(value: str) -> str:
+    """Compose's ${VAR:-default} with VAR unset."""
+    return re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", value)
+
+
+@pytest.mark.parametrize("name", ["origin", "relay", "orchestrator", "validator", "trainer",
+                                  "worker-0"])  # fmt: skip
+def test_settings_load_from_the_compose_environment(
+    name: str, services: dict[str, dict], deployer: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service's settings class accepts exactly what its container will see."""
+    svc = services[name] if name in services else services[worker_services(services)[0]]
+    prefix = prefix_of(name)
+    assert prefix is not None
+    env = env_of(svc)
+    for var in list(os.environ):
+        if var.startswith(prefix):
+            monkeypatch.delenv(var)
+    if "SWARM_ENV_FILE" in env:
+        for var, field in deployer.ENV_FILES[Path(env["SWARM_ENV_FILE"]).name].items():
+            monkeypatch.setenv(var, PLACEHOLDERS[field])
+    for var, value in env.items():
+        if var.startswith(prefix):
+            monkeypatch.setenv(var, interpolate(value))
+    kwargs = {"mode": svc["command"][1]} if prefix == "PRIME_RELAY_" else {}
+    settings = SETTINGS[prefix](**kwargs)
+    if prefix == "PRIME_RELAY_" and kwargs["mode"] == "relay":
+        assert settings.parents == ["http://origin:8700"]
+
+
+def test_services_bind_all_interfaces_and_expose_health(services: dict[str, dict]) -> None:
+    for name in ("origin", "relay"):
+        env = env_of(services[name])
+        assert env["PRIME_RELAY_HOST"] == "0.0.0.0"
+        assert services[name]["command"][:2] == ["prime-relay", "origin" if name == "origin"
+                                                 else "relay"]  # fmt: skip
+    assert env_of(services["orchestrator"])["PRIME_ORCH_HOST"] == "0.0.0.0"
+    for name, prefix in (("trainer", "PRIME_TRAINER_"), ("validator", "PRIME_VALIDATOR_")):
+        env = env_of(services[name])
+        assert env[f"{prefix}METRICS_HOST"] == "0.0.0.0"
+        assert int(env[f"{prefix}METRICS_PORT"]) > 0
+    assert "0.0.0.0" in services["anvil"]["command"]
+
+
+def test_only_front_doors_are_published(services: dict[str, dict]) -> None:
+    published = {name for name, svc in services.items() if svc.get("ports")}
+    assert published == PUBLISHED
+
+
+def test_dependencies_wait_for_health_and_one_shots(services: dict[str, dict]) -> None:
+    for name, svc in services.items():
+        deps = svc.get("depends_on") or {}
+        assert isinstance(deps, dict), f"{name}: depends_on needs conditions"
+        for dep, spec in deps.items():
+            assert dep in services, f"{name} depends on unknown {dep}"
+            cond = spec["condition"]
+            if cond == "service_healthy":
+                assert "healthcheck" in services[dep], f"{dep} has no healthcheck"
+            elif cond == "service_completed_successfully":
+                assert services[dep].get("restart", "no") == "no", f"{dep} is not one-shot"
+            else:
+                assert cond == "service_started", f"{name}: odd condition {cond}"
+    for name in ("origin", "relay", "orchestrator", "validator", "trainer"):
+        test = " ".join(services[name]["healthcheck"]["test"])
+        assert "/healthz" in test, f"{name} healthcheck does not use /healthz"
+    for name in ("validator", "trainer", *worker_services(services)):
+        assert services[name]["depends_on"]["deployer"]["condition"] == (
+            "service_completed_successfully"
+        )
+    assert services["trainer"]["depends_on"]["model-init"]["condition"] == (
+        "service_completed_successfully"
+    )
+    assert "warm_start" in " ".join(services["model-init"]["command"])
+
+
+def test_keys_come_from_the_deployers_volume(services: dict[str, dict]) -> None:
+    keys = [env_of(services["trainer"])["PRIME_TRAINER_KEY_FILE"],
+            env_of(services["validator"])["PRIME_VALIDATOR_KEY_FILE"]]  # fmt: skip
+    keys += [env_of(services[w])["PRIME_WORKER_KEY_FILE"] for w in worker_services(services)]
+    assert all(k.startswith("/data/chain/keys/") for k in keys)
+    assert len(set(keys)) == len(keys), "two services share a key"
+    assert "chain:/data/chain" in services["deployer"]["volumes"]
+
+
+# ------------------------------------------------------------------------------------ observability
+
+
+def test_prometheus_scrapes_every_metrics_endpoint(services: dict[str, dict]) -> None:
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    targets = {t for job in config["scrape_configs"] for sc in job["static_configs"]
+               for t in sc["targets"]}  # fmt: skip
+    expected = {
+        f"origin:{env_of(services['origin'])['PRIME_RELAY_PORT']}",
+        f"relay:{env_of(services['relay'])['PRIME_RELAY_PORT']}",
+        f"orchestrator:{env_of(services['orchestrator'])['PRIME_ORCH_PORT']}",
+        f"trainer:{env_of(services['trainer'])['PRIME_TRAINER_METRICS_PORT']}",
+        f"validator:{env_of(services['validator'])['PRIME_VALIDATOR_METRICS_PORT']}",
+    }
+    assert expected <= targets
+
+
+def test_grafana_is_provisioned_with_the_dashboard() -> None:
+    grafana = ROOT / "deploy" / "grafana"
+    ds = yaml.safe_load((grafana / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    (source,) = ds["datasources"]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    dash = json.loads((grafana / "dashboards" / "prime-swarm.json").read_text())
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    for metric in ("trainer_batch_mean_reward", "trainer_policy_version",
+                   "validator_verdicts_total", "orchestrator_leases_issued_total"):  # fmt: skip
+        assert metric in exprs
+    for panel in dash["panels"]:
+        assert panel["datasource"]["uid"] == source["uid"]
+
+
+# ------------------------------------------------------------------------------------ compose
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+def test_docker_compose_config_is_valid() -> None:
+    result = subprocess.run(
+        ["docker-compose", "-f", str(COMPOSE_FILE), "config", "-q"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
