@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -23,6 +24,7 @@ from . import metrics, progress
 from .settings import TrainerSettings
 
 log = logging.getLogger("trainer")
+TRAINED = "trainer:trained_submissions"
 
 
 class Trainer:
@@ -39,15 +41,7 @@ class Trainer:
             min_idle_ms=settings.reclaim_idle_ms,
         )
         self.step = 0
-        start_dir = settings.init_model_dir
-        latest = self._latest_announcement()
-        resumed = latest is not None and (self._ckpt(latest.version)).exists()
-        if resumed:
-            # Restart after a crash: continue from the last published version.
-            assert latest is not None
-            self.step = latest.version
-            start_dir = self._ckpt(latest.version)
-        self.model, self.tokenizer = load_pretrained(start_dir)
+        self.model, self.tokenizer = load_pretrained(self._resume_point())
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.lr, weight_decay=0.0)
         self.cfg = GRPOConfig(
@@ -57,9 +51,36 @@ class Trainer:
         )
         self.stale_dropped = 0
         self.started = time.time()
-        if not resumed:
+        latest = self._latest_announcement()
+        if latest is None or latest.version < self.step:
+            # A fresh start, or a crash after saving a version but before announcing it.
             self.publish()
-        log.info("trainer ready", extra={"fields": {"step": self.step, "resumed": resumed}})
+        log.info("trainer ready", extra={"fields": {"step": self.step}})
+
+    def _resume_point(self) -> Path:
+        """Continue from the newest local checkpoint; remember which groups it was trained on.
+
+        Each version's trained submission ids are saved next to it *before* it is published, so
+        after a crash anywhere in a step the reclaimed entries are either skipped (their step was
+        saved) or trained once (it was not): nothing is lost and nothing is trained twice.
+        """
+        saved = (
+            sorted(
+                int(p.name[1:])
+                for p in self.s.checkpoint_dir.glob("v*")
+                if p.is_dir() and p.name[1:].isdigit()
+            )
+            if self.s.checkpoint_dir.exists()
+            else []
+        )
+        for path in self.s.checkpoint_dir.glob("v*.trained.json"):
+            ids = json.loads(path.read_text())
+            if ids:
+                self.r.sadd(TRAINED, *ids)
+        if not saved:
+            return self.s.init_model_dir
+        self.step = saved[-1]
+        return self._ckpt(self.step)
 
     def _ckpt(self, version: int) -> Path:
         return self.s.checkpoint_dir / f"v{version}"
@@ -68,9 +89,19 @@ class Trainer:
         entries = self.r.xrevrange(streams.POLICY_ANNOUNCEMENTS, count=1)
         return streams.decode(PolicyAnnouncement, entries[0][1]) if entries else None
 
-    def publish(self) -> None:
-        """Save the current weights as version `step`, push them to the origin, announce."""
+    def save(self, trained_ids: list[str]) -> Path:
         out = save_pretrained(self.model, self.tokenizer, self._ckpt(self.step))
+        record = self.s.checkpoint_dir / f"v{self.step}.trained.json"
+        tmp = record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(trained_ids))
+        tmp.replace(record)
+        return out
+
+    def publish(self) -> None:
+        """Push the saved version `step` to the origin and announce it."""
+        out = self._ckpt(self.step)
+        if not out.exists():
+            self.save([])
         signed = publish_version(
             self.s.origin_url,
             out,
@@ -115,6 +146,8 @@ class Trainer:
                     self.stale_dropped += 1
                     metrics.STALE_DROPPED.inc()
                     self.reader.ack(e.entry_id)
+                elif self.r.sismember(TRAINED, msg.submission_id):
+                    self.reader.ack(e.entry_id)  # trained before a crash; never twice
                 else:
                     batch.append(msg)
                     ids.append(e.entry_id)
@@ -139,9 +172,13 @@ class Trainer:
         lags = [self.step - r.policy_version for r in batch]
         rewards = [c.reward for r in batch for c in r.completions]
         self.step += 1
+        self.save([r.submission_id for r in batch])
         self.publish()
         # Acknowledge only once the step's effect (the new version) is durable.
-        self.reader.ack(*ids)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.sadd(TRAINED, *[r.submission_id for r in batch])
+        pipe.xack(streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP, *ids)
+        pipe.execute()
         row = progress.StepProgress(
             step=self.step,
             version=self.step,

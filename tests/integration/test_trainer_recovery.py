@@ -1,0 +1,153 @@
+"""The trainer against real Redis and a real origin: a crash mid-step neither loses rollouts nor
+trains on any twice."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+from eth_account import Account
+
+from prime_swarm.libs.localnet.ports import free_port
+from prime_swarm.libs.localnet.process import ManagedProcess
+from prime_swarm.libs.localnet.redis_server import RedisServer
+from prime_swarm.libs.model.build import build_tiny_model
+from prime_swarm.libs.model.io import load_pretrained
+from prime_swarm.libs.rl.sampling import completion_logprobs, generate, prefill
+from prime_swarm.protocol import streams
+from prime_swarm.protocol.messages import (
+    PolicyAnnouncement,
+    Verdict,
+    VerifiedCompletion,
+    VerifiedRollout,
+)
+from prime_swarm.services.trainer.loop import TRAINED, Trainer
+from prime_swarm.services.trainer.settings import TrainerSettings
+
+WORKER = "0x" + "ab" * 20
+
+
+def make_groups(model_dir: Path, n: int) -> list[VerifiedRollout]:
+    model, tok = load_pretrained(model_dir)
+    prompt = [model.config.bos_token_id, 5, 6, 7]
+    out = []
+    for g in range(n):
+        comps = generate(
+            model,
+            prompt,
+            group_size=4,
+            max_new_tokens=6,
+            temperature=1.0,
+            seed=g,
+            eos_id=model.config.eos_token_id,
+        )
+        pre = prefill(model, [(prompt, c.token_ids) for c in comps])
+        vcs = [
+            VerifiedCompletion(
+                token_ids=c.token_ids,
+                logprobs=completion_logprobs(p, c.token_ids, 1.0),
+                reward=float(i % 2),
+            )
+            for i, (c, p) in enumerate(zip(comps, pre, strict=True))
+        ]
+        verdict = Verdict(
+            submission_id=f"s{g}",
+            lease_id=f"l{g}",
+            worker=WORKER,
+            pool_id=1,
+            accepted=True,
+            units=1,
+            validator=WORKER,
+        )
+        out.append(
+            VerifiedRollout(
+                submission_id=f"s{g}",
+                worker=WORKER,
+                task_id="reverse/train/1",
+                policy_version=0,
+                prompt_token_ids=prompt,
+                completions=vcs,
+                verdict=verdict,
+            )
+        )
+    return out
+
+
+@pytest.fixture
+def origin(tmp_path: Path):  # noqa: ANN201
+    trainer = Account.create()
+    port = free_port()
+    proc = ManagedProcess(
+        "origin",
+        [
+            sys.executable,
+            "-m",
+            "prime_swarm.services.relay",
+            "origin",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "origin"),
+            "--trainer",
+            trainer.address,
+        ],
+        tmp_path / "logs",
+    )
+    try:
+        proc.wait_http(f"http://127.0.0.1:{port}/healthz")
+        yield trainer, f"http://127.0.0.1:{port}"
+    finally:
+        proc.stop()
+
+
+def test_crash_between_save_and_ack(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis, origin
+) -> None:  # noqa: ANN001
+    account, origin_url = origin
+    model_dir = build_tiny_model(3, tmp_path / "init")
+    key_file = tmp_path / "trainer.json"
+    from prime_swarm.protocol.keys import write_key
+
+    write_key(key_file, account)
+    settings = TrainerSettings(
+        redis_url=redis_server.url,
+        origin_url=origin_url,
+        key_file=key_file,
+        init_model_dir=model_dir,
+        checkpoint_dir=tmp_path / "ckpt",
+        groups_per_step=2,
+        max_steps=3,
+        reclaim_idle_ms=1,
+    )
+    groups = make_groups(model_dir, 4)
+    for g in groups:
+        redis_client.xadd(streams.ROLLOUTS_VERIFIED, streams.encode(g))
+
+    first = Trainer(settings, account)
+    assert first.step == 0
+    # Crash in the middle of a step: weights saved and published, entries not yet acked.
+    batch, _ids = first.collect()
+    first.step += 1
+    first.save([r.submission_id for r in batch])
+    first.publish()
+    crashed_on = {r.submission_id for r in batch}
+    del first
+
+    second = Trainer(settings, account)
+    assert second.step == 1  # resumed from the saved version, not from scratch
+    latest = streams.decode(
+        PolicyAnnouncement, redis_client.xrevrange(streams.POLICY_ANNOUNCEMENTS, count=1)[0][1]
+    )
+    assert latest.version == 1
+    row = second.train_step()
+    assert row.step == 2 and row.groups == 2
+    trained_at_v2 = set(json.loads((tmp_path / "ckpt" / "v2.trained.json").read_text()))
+    # The reclaimed entries of the crashed step were skipped; the others trained exactly once.
+    assert trained_at_v2 == {g.submission_id for g in groups} - crashed_on
+    members = {m.decode() for m in redis_client.smembers(TRAINED)}
+    assert members == {g.submission_id for g in groups}
+    pending = redis_client.xpending(streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP)
+    assert pending["pending"] == 0
