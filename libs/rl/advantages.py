@@ -23,7 +23,5 @@ def group_advantages(rewards: Sequence[float] | torch.Tensor, eps: float = 1e-6)
     return (r - r.mean()) / (std + eps)
 
 
-def batch_advantages(
-    groups: Sequence[Sequence[float]], eps: float = 1e-6
-) -> list[torch.Tensor]:
+def batch_advantages(groups: Sequence[Sequence[float]], eps: float = 1e-6) -> list[torch.Tensor]:
     return [group_advantages(g, eps) for g in groups]

@@ -9,28 +9,30 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class WarmStartConfig(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     env: str = Field("reverse", description="Registered env whose train split gives demos.")
-    steps: int = Field(300, description="SFT optimizer steps.")
-    batch_size: int = Field(64, description="Demonstrations per SFT step.")
-    lr: float = Field(3e-3, description="AdamW learning rate for SFT.")
-    correct_fraction: float = Field(
-        0.35,
-        description="Share of demos that are right; the rest are the env's typical mistake. "
-        "Below 0.5 the mistake stays the greedy choice, leaving headroom for RL.",
+    steps: int = Field(400, ge=0, description="SFT optimizer steps.")
+    batch_size: int = Field(64, ge=1, description="Demonstrations per SFT step.")
+    lr: float = Field(3e-3, description="Peak AdamW learning rate for SFT (cosine decay).")
+    error_rate: float = Field(
+        0.6,
+        ge=0.0,
+        le=1.0,
+        description="Probability that each demo character carries the env's systematic "
+        "mistake. Above 0.5 the mistake is the greedy choice, leaving headroom for RL.",
     )
 
 
 class RLConfig(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     env: str = Field("reverse", description="Registered env the pool trains on.")
     group_size: int = Field(8, description="Completions sampled per prompt (one GRPO group).")
     prompts_per_step: int = Field(16, description="Groups consumed by one trainer step.")
     temperature: float = Field(1.0, description="Sampling temperature for rollouts.")
     max_new_tokens: int = Field(8, description="Generation cap: longest answer (7) plus EOS.")
-    lr: float = Field(1e-3, description="AdamW learning rate for GRPO.")
+    lr: float = Field(5e-4, description="AdamW learning rate for GRPO.")
     clip_eps: float = Field(0.2, description="PPO ratio clipping epsilon.")
     max_grad_norm: float = Field(1.0, description="Gradient clipping norm.")
     steps: int = Field(35, description="Trainer steps in the local run.")

@@ -32,9 +32,13 @@ def rewards_for(
         return []
     prompts = [encode(tokenizer, t.prompt, add_bos=True) for t in tasks]
     groups = generate_batch(
-        model, prompts, [seed + i for i in range(len(tasks))], group_size=1,
+        model,
+        prompts,
+        [seed + i for i in range(len(tasks))],
+        group_size=1,
         max_new_tokens=max_new_tokens or env.max_answer_chars + 1,
-        temperature=temperature, eos_id=model.config.eos_token_id,
+        temperature=temperature,
+        eos_id=model.config.eos_token_id,
     )
     return [completion_reward(env, t, tokenizer, g[0]) for t, g in zip(tasks, groups, strict=True)]
 

@@ -49,12 +49,14 @@ def forward_completions(
     """
     if any(len(p) == 0 for p, _ in pairs):
         raise ValueError("every prompt needs at least one token (the BOS)")
+    device = next(model.parameters()).device
     ids, attn = pad_right([[*p, *c] for p, c in pairs], model.config.pad_token_id)
+    ids, attn = ids.to(device), attn.to(device)
     logits, hidden = model(ids, attention_mask=attn)
-    n_comp = torch.tensor([len(c) for _, c in pairs])
+    n_comp = torch.tensor([len(c) for _, c in pairs], device=device)
     width = int(n_comp.max()) if len(pairs) else 0
-    k = torch.arange(width)
-    prompt_len = torch.tensor([len(p) for p, _ in pairs])
+    k = torch.arange(width, device=device)
+    prompt_len = torch.tensor([len(p) for p, _ in pairs], device=device)
     src = (prompt_len[:, None] - 1 + k[None, :]).clamp(max=ids.shape[1] - 1)  # [N,L]
     mask = k[None, :] < n_comp[:, None]
     targets = ids.gather(1, (src + 1).clamp(max=ids.shape[1] - 1)).masked_fill(~mask, 0)

@@ -9,6 +9,7 @@ import torch
 
 from prime_swarm.libs.model.gpt import TinyGPT
 from prime_swarm.libs.rl.advantages import group_advantages
+from prime_swarm.libs.rl.defaults import RL
 from prime_swarm.libs.rl.forward import forward_completions
 from prime_swarm.libs.rl.logprobs import token_logprobs
 from prime_swarm.libs.rl.loss import grpo_loss
@@ -29,11 +30,16 @@ RolloutGroup = Sequence[Rollout]
 
 @dataclass
 class GRPOConfig:
-    clip_eps: float = 0.2
-    max_grad_norm: float = 1.0
+    clip_eps: float = RL.clip_eps
+    max_grad_norm: float = RL.max_grad_norm
     # Must equal the sampling temperature: the ratio compares the same tempered distributions.
-    temperature: float = 1.0
+    temperature: float = RL.temperature
     adv_eps: float = 1e-6
+
+
+def make_optimizer(model: TinyGPT, lr: float = RL.lr) -> torch.optim.Optimizer:
+    """The optimizer the defaults were tuned with (AdamW, no weight decay)."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
 
 
 def grpo_step(
@@ -57,7 +63,11 @@ def grpo_step(
         "reward_mean": sum(rewards) / max(len(rewards), 1),
         "groups": float(len(batch)),
         "rollouts_used": float(len(used)),
-        "loss": 0.0, "clip_frac": 0.0, "mean_ratio": 1.0, "grad_norm": 0.0, "tokens": 0.0,
+        "loss": 0.0,
+        "clip_frac": 0.0,
+        "mean_ratio": 1.0,
+        "grad_norm": 0.0,
+        "tokens": 0.0,
     }
     if not used:
         return stats  # nothing to learn from; the version still advances with unchanged weights
@@ -70,7 +80,7 @@ def grpo_step(
         if len(r.behaviour_logprobs) != len(r.completion_ids):
             raise ValueError("behaviour_logprobs must have one entry per completion token")
         old[i, : len(r.behaviour_logprobs)] = torch.tensor(r.behaviour_logprobs)
-    advantages = torch.tensor([a for _, a in used])
+    advantages = torch.tensor([a for _, a in used], device=logprobs.device)
     loss, loss_stats = grpo_loss(logprobs, old, advantages, mask, clip_eps=cfg.clip_eps)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()

@@ -24,6 +24,9 @@ _U64 = (1 << 64) - 1
 def gumbel_noise(seed: int, sample_index: int, position: int, vocab_size: int) -> torch.Tensor:
     """Standard Gumbel noise [vocab_size] (float32), a pure function of its arguments.
 
+    `sample_index` is the completion's index in its group, `position` the token's index in the
+    completion (0 = first generated token); `seed` comes from the lease.
+
     Philox is counter-based: key = seed, counter = (draw, position, sample_index), so any
     (sample, position) is addressable directly, and its raw 64-bit outputs are the same on every
     platform and numpy version. The uint64 -> (0, 1) map is done here, not by numpy, to stay
@@ -71,11 +74,15 @@ def generate_batch(
     """Sample `group_size` completions for every prompt in one left-padded batch.
 
     Completion j of prompt p uses (seeds[p], sample_index=j), exactly as `generate` would.
+    There is no KV cache: sequences are a few dozen tokens, and re-running the prefix keeps
+    decoding as simple to audit as the validator's replay.
     """
     if len(prompts) != len(seeds):
         raise ValueError("one seed per prompt")
     rows = [(p, s, j) for p, s in zip(prompts, seeds, strict=True) for j in range(group_size)]
+    device = next(model.parameters()).device
     ids, attn = pad_left([r[0] for r in rows], model.config.pad_token_id)
+    ids, attn = ids.to(device), attn.to(device)
     n = len(rows)
     out: list[list[int]] = [[] for _ in range(n)]
     lps: list[list[float]] = [[] for _ in range(n)]
@@ -86,12 +93,12 @@ def generate_batch(
         live = [i for i in range(n) if not done[i]]
         if temperature > 0:
             noise = torch.stack([gumbel_noise(rows[i][1], rows[i][2], pos, vocab) for i in live])
-            scores = perturbed_scores(logits[live], temperature, noise)
+            scores = perturbed_scores(logits[live], temperature, noise.to(device))
         else:
             scores = logits[live]
         chosen = scores.argmax(dim=-1)
         chosen_lp = token_logprobs(logits[live], chosen, temperature)
-        nxt = torch.full((n,), model.config.pad_token_id, dtype=torch.long)
+        nxt = torch.full((n,), model.config.pad_token_id, dtype=torch.long, device=device)
         nxt[live] = chosen
         for i, tok, lp in zip(live, chosen.tolist(), chosen_lp.tolist(), strict=True):
             out[i].append(tok)
@@ -100,10 +107,8 @@ def generate_batch(
         if all(done):
             break
         ids = torch.cat([ids, nxt[:, None]], dim=1)
-        attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype)], dim=1)
-    comps = [
-        Completion(out[i], "eos" if done[i] else "length", lps[i]) for i in range(n)
-    ]
+        attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=device)], dim=1)
+    comps = [Completion(out[i], "eos" if done[i] else "length", lps[i]) for i in range(n)]
     return [comps[p * group_size : (p + 1) * group_size] for p in range(len(prompts))]
 
 
@@ -119,8 +124,13 @@ def generate(
 ) -> list[Completion]:
     """A group of `group_size` completions of one prompt, sample i replayable from (seed, i)."""
     return generate_batch(
-        model, [prompt_ids], [seed], group_size=group_size, max_new_tokens=max_new_tokens,
-        temperature=temperature, eos_id=eos_id,
+        model,
+        [prompt_ids],
+        [seed],
+        group_size=group_size,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        eos_id=eos_id,
     )[0]
 
 
@@ -162,6 +172,7 @@ def replay_check(
     """
     if logits.shape[0] != len(token_ids):
         raise ValueError(f"{logits.shape[0]} logit rows for {len(token_ids)} tokens")
+    logits = logits.detach().float().cpu()
     vocab = logits.shape[-1]
     for pos, tok in enumerate(token_ids):
         if not 0 <= tok < vocab:
@@ -173,14 +184,36 @@ def replay_check(
     return True, None
 
 
+def termination_ok(
+    token_ids: Sequence[int], finish_reason: str, eos_id: int, max_new_tokens: int
+) -> bool:
+    """Does the completion stop where honest decoding would: at its first EOS, or at the cap?"""
+    n_eos = sum(t == eos_id for t in token_ids)
+    if finish_reason == "eos":
+        return n_eos == 1 and token_ids[-1] == eos_id and len(token_ids) <= max_new_tokens
+    if finish_reason == "length":
+        return n_eos == 0 and len(token_ids) == max_new_tokens
+    return False
+
+
 def completion_logprobs(
     prefilled: PrefillOutput, token_ids: Sequence[int], temperature: float
 ) -> list[float]:
     """The behaviour-policy log-probs a validator attaches for the trainer."""
-    return token_logprobs(prefilled.logits, torch.tensor(list(token_ids)), temperature).tolist()
+    tokens = torch.tensor(list(token_ids), device=prefilled.logits.device)
+    return token_logprobs(prefilled.logits, tokens, temperature).tolist()
 
 
 __all__ = [
-    "Completion", "PrefillOutput", "completion_logprobs", "generate", "generate_batch",
-    "gumbel_noise", "prefill", "replay_check", "sample_next", "scale_logits",
+    "Completion",
+    "PrefillOutput",
+    "completion_logprobs",
+    "generate",
+    "generate_batch",
+    "gumbel_noise",
+    "prefill",
+    "replay_check",
+    "sample_next",
+    "scale_logits",
+    "termination_ok",
 ]

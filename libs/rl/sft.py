@@ -1,16 +1,20 @@
 """Warm start: a short, deliberately imperfect supervised run before RL.
 
-The demonstrations come from a noisy teacher: only `correct_fraction` of them are right, the
-rest are the env's typical mistake. The model learns the answer format and both behaviours, with
-the wrong one as its greedy choice, so RL starts from a policy whose samples contain the better
-answer often enough for GRPO to find and reinforce it.
+The demonstrations come from a noisy teacher that makes the env's systematic mistake at
+`error_rate`. The model learns the task's structure and format, but with the mistake as its
+greedy choice, so RL starts from a policy whose samples contain the right answer often enough for
+GRPO to find and reinforce it: headroom that only RL can close.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import math
 import os
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -25,7 +29,7 @@ from prime_swarm.libs.rl.forward import forward_completions
 
 MARKER_FILE = "warm_start.json"
 # Bump when the recipe changes so cached warm starts from an older recipe are rebuilt.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 
 def _base(base: str | Path | int) -> tuple[TinyGPT, dict[str, object]]:
@@ -42,6 +46,11 @@ def _marker_matches(out: Path, params: dict[str, object]) -> bool:
         return False
 
 
+def _lr_factor(step: int, total: int, warmup: int = 20, floor: float = 0.1) -> float:
+    cosine = 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(total, 1)))
+    return min(1.0, (step + 1) / warmup) * (floor + (1.0 - floor) * cosine)
+
+
 def train_sft(model: TinyGPT, cfg: WarmStartConfig, seed: int) -> list[float]:
     """Cross-entropy on noisy-teacher demonstrations; returns the loss curve."""
     env = get_env(cfg.env)
@@ -49,13 +58,16 @@ def train_sft(model: TinyGPT, cfg: WarmStartConfig, seed: int) -> list[float]:
     eos = model.config.eos_token_id
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    # Cosine decay lets the short run settle into the teacher's mixture on every seed, instead
+    # of stopping half-way with some garbled outputs; that keeps the RL starting point uniform.
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: _lr_factor(k, cfg.steps))
     losses = []
     model.train()
     for step in range(cfg.steps):
         tasks = env.sample_tasks(seed * 1_000_003 + step, cfg.batch_size, "train")
         pairs = []
         for t in tasks:
-            answer = t.answer if rng.random() < cfg.correct_fraction else env.flawed_answer(t, rng)
+            answer = env.noisy_answer(t, rng, cfg.error_rate)
             pairs.append((encode(tok, t.prompt, add_bos=True), [*encode(tok, answer), eos]))
         logits, _, targets, mask = forward_completions(model, pairs)
         loss = torch.nn.functional.cross_entropy(logits[mask], targets[mask])
@@ -63,9 +75,23 @@ def train_sft(model: TinyGPT, cfg: WarmStartConfig, seed: int) -> list[float]:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sched.step()
         losses.append(loss.item())
     model.eval()
     return losses
+
+
+@contextmanager
+def _exclusive(out: Path) -> Iterator[None]:
+    # Several services may start at once and ask for the same warm start: one trains, the
+    # others wait and then find the marker.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def warm_start(
@@ -73,26 +99,31 @@ def warm_start(
     out_dir: str | Path,
     *,
     seed: int,
+    steps: int | None = None,
     cfg: WarmStartConfig = WARM_START,
     **overrides: object,
 ) -> Path:
     """Build (or reuse) the warm-started policy in `out_dir` as a Hugging Face model directory.
 
-    `base` is a model directory or a seed for a fresh tiny model. Keyword overrides replace
-    fields of `cfg` (e.g. steps=100). A completed run with identical parameters is reused.
+    `base` is a model directory or a seed for a fresh tiny model. `steps` and the keyword
+    overrides replace fields of `cfg` (e.g. error_rate=0.5), validated. A completed run with
+    identical parameters (marker file) is reused without training.
     """
-    cfg = cfg.model_copy(update=overrides)
+    if steps is not None:
+        overrides["steps"] = steps
+    cfg = WarmStartConfig.model_validate({**cfg.model_dump(), **overrides})
     out = Path(out_dir)
     model, base_params = _base(base)
     params = {"recipe": RECIPE_VERSION, "seed": seed, **base_params, **cfg.model_dump()}
-    if _marker_matches(out, params):
-        return out
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        train_sft(model, cfg, seed)
-    save_pretrained(model, build_tokenizer(), out)
-    # Written last: a marker present means the model beside it is complete.
-    tmp = out / f".{MARKER_FILE}.tmp"
-    tmp.write_text(json.dumps(params, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, out / MARKER_FILE)
+    with _exclusive(out):
+        if _marker_matches(out, params):
+            return out
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            train_sft(model, cfg, seed)
+        save_pretrained(model, build_tokenizer(), out)
+        # Written last: a marker present means the model beside it is complete.
+        tmp = out / f".{MARKER_FILE}.tmp"
+        tmp.write_text(json.dumps(params, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, out / MARKER_FILE)
     return out

@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from prime_swarm.libs.rl.defaults import RL
+
 
 class TrainerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PRIME_TRAINER_", extra="ignore")
@@ -17,13 +19,19 @@ class TrainerSettings(BaseSettings):
     init_model_dir: Path = Field(..., description="HF-format model RL starts from (v0).")
     checkpoint_dir: Path = Field(..., description="Where each version is saved as safetensors.")
     progress_file: Path | None = Field(None, description="JSONL file with one line per step.")
-    max_steps: int = Field(40, ge=1, description="Optimizer steps before the trainer exits.")
-    groups_per_step: int = Field(16, ge=1, description="Rollout groups (prompts) per step.")
-    async_level: int = Field(2, ge=0, description="Drop rollouts older than step - async_level.")
-    lr: float = Field(3e-4, gt=0, description="AdamW learning rate.")
-    clip_eps: float = Field(0.2, gt=0, description="PPO-style ratio clip of the GRPO loss.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the leases.")
-    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    max_steps: int = Field(RL.steps, ge=1, description="Optimizer steps before the trainer exits.")
+    groups_per_step: int = Field(
+        RL.prompts_per_step, ge=1, description="Rollout groups (prompts) per step."
+    )
+    async_level: int = Field(
+        RL.async_level, ge=0, description="Drop rollouts older than step - async_level."
+    )
+    lr: float = Field(RL.lr, gt=0, description="AdamW learning rate.")
+    clip_eps: float = Field(RL.clip_eps, gt=0, description="PPO-style ratio clip of the GRPO loss.")
+    temperature: float = Field(
+        RL.temperature, gt=0, description="Sampling temperature of the leases."
+    )
+    max_grad_norm: float = Field(RL.max_grad_norm, gt=0, description="Gradient clipping norm.")
     shard_size: int = Field(1 << 20, gt=0, description="SHARDCAST shard size in bytes.")
     keep_checkpoints: int = Field(4, ge=1, description="Local versions kept on disk.")
     consumer: str = Field("trainer-0", description="Consumer name in the trainer group.")

@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from prime_swarm.libs.rl.defaults import RL
+
 
 class ValidatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PRIME_VALIDATOR_", extra="ignore")
@@ -20,9 +22,11 @@ class ValidatorSettings(BaseSettings):
     relays: list[str] = Field(..., description="Relay URLs to download policies from.")
     cache_dir: Path = Field(Path(".cache/validator"), description="Downloaded policies.")
     keep_versions: int = Field(4, ge=1, description="Policy versions kept loaded.")
-    async_level: int = Field(2, ge=0, description="Admit policy v while v >= step - async_level.")
+    async_level: int = Field(
+        RL.async_level, ge=0, description="Admit policy v while v >= step - async_level."
+    )
     replay_tolerance: float = Field(
-        1e-3, ge=0, description="Near-tie slack when replaying Gumbel-max sampling."
+        RL.replay_tol, ge=0, description="Near-tie slack when replaying Gumbel-max sampling."
     )
     reward_tolerance: float = Field(1e-6, ge=0, description="Slack on a claimed reward.")
     batch_size: int = Field(16, ge=1, description="Submissions read (and prefilled) per batch.")

@@ -25,7 +25,9 @@ def test_config_is_hf_style(tmp_path):
     assert cfg["torch_dtype"] == "float32"
     assert {"vocab_size", "n_layer", "n_head", "n_embd", "block_size"} <= cfg.keys()
     assert sorted(p.name for p in out.iterdir()) == [
-        "config.json", "model.safetensors", "tokenizer.json",
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
     ]
 
 

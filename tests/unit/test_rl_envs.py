@@ -1,3 +1,5 @@
+import random
+
 import pytest
 
 from prime_swarm.libs.rl.envs import Task, env_for_task, get_env
@@ -52,3 +54,12 @@ def test_bad_ids_are_refused(env):
             env.task_from_id(bad)
     with pytest.raises(KeyError):
         get_env("nope")
+
+
+def test_noisy_answer_injects_the_systematic_error(env):
+    task = _task("09125")
+    rng = random.Random(0)
+    assert env.noisy_answer(task, rng, 0.0) == "09125"
+    assert env.noisy_answer(task, rng, 1.0) == "10236"  # each digit -> its successor, 9 -> 0
+    mixed = [env.noisy_answer(task, rng, 0.5) for _ in range(200)]
+    assert all(len(m) == 5 for m in mixed) and len(set(mixed)) > 10

@@ -35,8 +35,9 @@ def test_clipping_hand_computed():
 
 def test_gradient_vanishes_where_clipped():
     new = _lp([1.5, 1.1]).reshape(1, 2).requires_grad_(True)
-    loss, _ = grpo_loss(new, torch.zeros(1, 2, dtype=torch.float64), torch.tensor([1.0]),
-                        torch.ones(1, 2))
+    loss, _ = grpo_loss(
+        new, torch.zeros(1, 2, dtype=torch.float64), torch.tensor([1.0]), torch.ones(1, 2)
+    )
     loss.backward()
     # d/dlp of -(r*A)/2 = -r/2 for the unclipped token; zero for the clipped one
     assert new.grad[0].tolist() == pytest.approx([0.0, -1.1 / 2])
@@ -44,8 +45,9 @@ def test_gradient_vanishes_where_clipped():
 
 def test_masked_tokens_are_ignored():
     new = _lp([2.0, 5.0]).reshape(1, 2)
-    loss, stats = grpo_loss(new, torch.zeros(1, 2, dtype=torch.float64), torch.tensor([1.0]),
-                            torch.tensor([[1, 0]]))
+    loss, stats = grpo_loss(
+        new, torch.zeros(1, 2, dtype=torch.float64), torch.tensor([1.0]), torch.tensor([[1, 0]])
+    )
     assert float(loss) == pytest.approx(-1.2)
     assert stats["tokens"] == 1.0
 
@@ -53,7 +55,8 @@ def test_masked_tokens_are_ignored():
 def test_kl_term_is_zero_at_reference_and_positive_elsewhere():
     lp = torch.full((1, 2), math.log(0.5), dtype=torch.float64)
     _, s0 = grpo_loss(lp, lp, torch.tensor([0.0]), torch.ones(1, 2), ref_logprobs=lp, kl_coef=0.1)
-    _, s1 = grpo_loss(lp, lp, torch.tensor([0.0]), torch.ones(1, 2), ref_logprobs=lp - 1.0,
-                      kl_coef=0.1)
+    _, s1 = grpo_loss(
+        lp, lp, torch.tensor([0.0]), torch.ones(1, 2), ref_logprobs=lp - 1.0, kl_coef=0.1
+    )
     assert s0["kl"] == pytest.approx(0.0)
     assert s1["kl"] > 0.0

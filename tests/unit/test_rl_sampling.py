@@ -10,6 +10,7 @@ from prime_swarm.libs.rl.sampling import (
     prefill,
     replay_check,
     sample_next,
+    termination_ok,
 )
 
 EOS = 2
@@ -42,18 +43,27 @@ def test_sample_next():
 
 def test_group_is_one_batch_and_replayable(model):
     prompt = [1, 5, 6, 7, 8]
-    group = generate(model, prompt, group_size=4, max_new_tokens=6, temperature=1.0, seed=11,
-                     eos_id=EOS)
-    again = generate(model, prompt, group_size=4, max_new_tokens=6, temperature=1.0, seed=11,
-                     eos_id=EOS)
+    group = generate(
+        model, prompt, group_size=4, max_new_tokens=6, temperature=1.0, seed=11, eos_id=EOS
+    )
+    again = generate(
+        model, prompt, group_size=4, max_new_tokens=6, temperature=1.0, seed=11, eos_id=EOS
+    )
     assert [c.token_ids for c in group] == [c.token_ids for c in again]
     assert len({tuple(c.token_ids) for c in group}) > 1  # samples differ by sample_index
     for c in group:
         assert c.finish_reason == ("eos" if c.token_ids[-1] == EOS else "length")
         assert len(c.logprobs) == len(c.token_ids) <= 6
     # The same prompt inside a mixed, left-padded batch samples the same tokens.
-    mixed = generate_batch(model, [[1, 9], prompt], [3, 11], group_size=4, max_new_tokens=6,
-                           temperature=1.0, eos_id=EOS)
+    mixed = generate_batch(
+        model,
+        [[1, 9], prompt],
+        [3, 11],
+        group_size=4,
+        max_new_tokens=6,
+        temperature=1.0,
+        eos_id=EOS,
+    )
     assert [c.token_ids for c in mixed[1]] == [c.token_ids for c in group]
 
 
@@ -77,8 +87,15 @@ def test_prefill_batched_matches_unbatched(model):
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
 def test_replay_accepts_honest_and_rejects_tampering(model, temperature):
     prompts = [[1, 5, 6, 7, 8], [1, 9, 9]]
-    groups = generate_batch(model, prompts, [21, 22], group_size=3, max_new_tokens=6,
-                            temperature=temperature, eos_id=EOS)
+    groups = generate_batch(
+        model,
+        prompts,
+        [21, 22],
+        group_size=3,
+        max_new_tokens=6,
+        temperature=temperature,
+        eos_id=EOS,
+    )
     seqs = [(p, c.token_ids) for p, g in zip(prompts, groups, strict=True) for c in g]
     outs = prefill(model, seqs)
     for k, ((_, toks), out) in enumerate(zip(seqs, outs, strict=True)):
@@ -93,3 +110,12 @@ def test_replay_accepts_honest_and_rejects_tampering(model, temperature):
         # Honest tokens under someone else's seed do not pass.
         out, toks = outs[0], seqs[0][1]
         assert not replay_check(out.logits, toks, temperature, 999, 0)[0]
+
+
+def test_termination_rules():
+    assert termination_ok([5, 6, EOS], "eos", EOS, 4)
+    assert termination_ok([5, 6, 7, 8], "length", EOS, 4)
+    assert not termination_ok([5, EOS, 6, EOS], "eos", EOS, 4)  # ran past its first EOS
+    assert not termination_ok([5, 6, 7], "length", EOS, 4)  # stopped early without EOS
+    assert not termination_ok([5, EOS, 7, 8], "length", EOS, 4)
+    assert not termination_ok([5, 6], "eos", EOS, 4)

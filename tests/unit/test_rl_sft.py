@@ -1,3 +1,6 @@
+import pytest
+from pydantic import ValidationError
+
 from prime_swarm.libs.model.io import load_pretrained, weights_sha256
 from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rl.evaluate import heldout_reward
@@ -19,3 +22,10 @@ def test_heldout_reward_is_a_mean_in_unit_interval(tmp_path):
     r = heldout_reward(model, tok, get_env("reverse"), n_tasks=16, seed=0)
     assert 0.0 <= r <= 1.0
     assert r == heldout_reward(model, tok, get_env("reverse"), n_tasks=16, seed=0)
+
+
+def test_overrides_are_validated(tmp_path):
+    with pytest.raises(ValidationError):
+        warm_start(0, tmp_path / "w", seed=0, steps=1, error_rate=2.0)
+    with pytest.raises(ValidationError):
+        warm_start(0, tmp_path / "w", seed=0, steps=1, no_such_field=1)

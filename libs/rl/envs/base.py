@@ -60,5 +60,9 @@ class Env(ABC):
         """Rule-based score of `completion` (decoded text, specials dropped) in [0, 1]."""
 
     @abstractmethod
-    def flawed_answer(self, task: Task, rng: random.Random) -> str:
-        """A typical wrong answer, used to make the SFT warm start deliberately imperfect."""
+    def noisy_answer(self, task: Task, rng: random.Random, error_rate: float) -> str:
+        """The answer with a systematic mistake injected at `error_rate`.
+
+        Used for the SFT warm start's demonstrations, so that the warm-started policy has the
+        task's structure but a bad habit that RL can remove.
+        """

@@ -60,6 +60,13 @@ class ReverseEnv(Env):
         hits = sum(a == b for a, b in zip(out, task.answer, strict=False))
         return hits / max(len(out), len(task.answer))
 
-    def flawed_answer(self, task: Task, rng: random.Random) -> str:
-        # The classic failure of a weak model: echo the input instead of reversing it.
-        return task.answer[::-1]
+    def noisy_answer(self, task: Task, rng: random.Random, error_rate: float) -> str:
+        # Each character independently becomes its alphabet successor (7 -> 8, 9 -> 0). The
+        # error is per character, not per answer, so the model never has to track a "mode"
+        # across positions: every output position is the same two-way choice for RL to settle.
+        return "".join(
+            self.alphabet[(self.alphabet.index(c) + 1) % len(self.alphabet)]
+            if rng.random() < error_rate
+            else c
+            for c in task.answer
+        )
