@@ -83,6 +83,8 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
         "rollouts_submitted": counts["submitted"],
         "rollouts_accepted": counts["verified"],
         "rollouts_rejected": counts["rejected"],
+        # stale_policy: the group aged past the async bound while queued (refused, not slashed)
+        "rejected_by_reason": counts["rejected_by_reason"],
         "completions_per_rollout": s.group_size,
         "attested_units_onchain": attested,
         "workers": s.workers,

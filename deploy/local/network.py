@@ -23,6 +23,7 @@ from prime_swarm.libs.localnet.process import ManagedProcess, ProcessFailed
 from prime_swarm.libs.localnet.redis_server import RedisServer
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.keys import write_key
+from prime_swarm.protocol.messages import Verdict
 from prime_swarm.services.trainer import progress
 
 from .settings import LocalNetworkSettings
@@ -239,14 +240,19 @@ class LocalNetwork:
                 raise TimeoutError(f"run did not finish within {timeout_s:.0f}s")
             time.sleep(0.5)
 
-    def stream_counts(self) -> dict[str, int]:
+    def stream_counts(self) -> dict[str, object]:
         assert self.redis is not None
         r = self.redis.client()
         try:
+            reasons: dict[str, int] = {}
+            for _, fields in r.xrange(streams.ROLLOUTS_REJECTED):
+                reason = str(streams.decode(Verdict, fields).reason)
+                reasons[reason] = reasons.get(reason, 0) + 1
             return {
                 "submitted": int(r.xlen(streams.ROLLOUTS_SUBMITTED)),
                 "verified": int(r.xlen(streams.ROLLOUTS_VERIFIED)),
                 "rejected": int(r.xlen(streams.ROLLOUTS_REJECTED)),
+                "rejected_by_reason": reasons,
             }
         finally:
             r.close()
