@@ -26,6 +26,15 @@ class Entry(Generic[M]):
     error: str | None = None  # set when the entry could not be decoded
 
 
+def group_backlog(groups_info: list[dict], group: str) -> int:
+    """From XINFO GROUPS: entries not yet delivered to `group` plus those awaiting XACK."""
+    for g in groups_info:
+        name = g.get("name")
+        if (name.decode() if isinstance(name, bytes) else name) == group:
+            return int(g.get("lag") or 0) + int(g.get("pending") or 0)
+    return 0
+
+
 def ensure_group(r: redis.Redis, stream: str, group: str) -> None:
     try:
         r.xgroup_create(stream, group, id="0", mkstream=True)
@@ -89,11 +98,6 @@ class GroupReader(Generic[M]):
     def lag(self) -> int:
         """Entries not yet delivered to the group plus those pending acknowledgement."""
         try:
-            info = self.r.xinfo_groups(self.stream)
+            return group_backlog(self.r.xinfo_groups(self.stream), self.group)
         except redis.ResponseError:
             return 0
-        for g in info:
-            name = g.get("name")
-            if (name.decode() if isinstance(name, bytes) else name) == self.group:
-                return int(g.get("lag") or 0) + int(g.get("pending") or 0)
-        return 0

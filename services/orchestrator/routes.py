@@ -7,7 +7,9 @@ import logging
 import time
 
 from fastapi import APIRouter, Depends, HTTPException
+from redis.exceptions import ResponseError
 
+from prime_swarm.libs.streams.consumer import group_backlog
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
     Heartbeat,
@@ -128,13 +130,9 @@ async def lease(
 async def _validation_backlog(pool: Pool) -> int:
     try:
         groups = await pool.redis.xinfo_groups(streams.ROLLOUTS_SUBMITTED)
-    except Exception:  # stream or group not created yet: nothing waits
+    except ResponseError:  # stream not created yet: nothing waits
         return 0
-    for g in groups:
-        name = g.get("name")
-        if (name.decode() if isinstance(name, bytes) else name) == streams.VALIDATOR_GROUP:
-            return int(g.get("lag") or 0) + int(g.get("pending") or 0)
-    return 0
+    return group_backlog(groups, streams.VALIDATOR_GROUP)
 
 
 @router.post("/submit", response_model=SubmitReply)

@@ -68,17 +68,8 @@ class Worker:
     # ------------------------------------------------------------------ loops
     def _heartbeat_loop(self, client: OrchestratorClient, interval: float) -> None:
         while not self.stop.wait(interval):
-            held = self.store.latest_loaded() if self.store else None
             try:
-                reply = client.heartbeat(
-                    Heartbeat(
-                        worker=self.account.address,
-                        pool_id=self.s.pool_id,
-                        policy_version=held.version if held else None,
-                    )
-                )
-                if reply.policy is not None:
-                    self.policy_info = reply.policy
+                self._refresh_policy_info(client)
             except Exception as exc:  # a missed heartbeat is not fatal; the next one retries
                 log.warning("heartbeat failed: %s", exc)
 
@@ -200,6 +191,7 @@ class Worker:
                 log.warning("submission refused: %s", exc)
 
     def _refresh_policy_info(self, client: OrchestratorClient) -> None:
+        """Heartbeat, and adopt the policy the orchestrator announces."""
         held = self.store.latest_loaded() if self.store else None
         reply = client.heartbeat(
             Heartbeat(
