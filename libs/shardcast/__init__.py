@@ -4,7 +4,13 @@ Library only (no service loop): the relay service in `services/relay` and the wo
 and trainer all build on these functions.
 """
 
-from .client import download_version, fetch_manifest, list_versions, wait_for_version
+from .client import (
+    download_version,
+    fetch_manifest,
+    list_versions,
+    wait_for_manifest,
+    wait_for_version,
+)
 from .errors import (
     IntegrityError,
     ManifestLayoutError,
@@ -39,5 +45,6 @@ __all__ = [
     "fetch_manifest",
     "list_versions",
     "publish_version",
+    "wait_for_manifest",
     "wait_for_version",
 ]

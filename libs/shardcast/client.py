@@ -40,9 +40,20 @@ def make_http_client(timeout_s: float, max_connections: int = 32) -> httpx.Clien
 
 
 def list_versions(
-    relay: str, *, timeout_s: float = 10.0, http: httpx.Client | None = None
+    relay: str,
+    *,
+    timeout_s: float = 10.0,
+    http: httpx.Client | None = None,
+    partial: bool = False,
 ) -> RelayVersions:
-    body = _get_capped(http, routes.join(relay, routes.VERSIONS), timeout_s, 1024 * 1024)
+    """Complete versions of a relay, or (`partial`) the versions it is still receiving."""
+    path = routes.PARTIAL if partial else routes.VERSIONS
+    try:
+        body = _get_capped(http, routes.join(relay, path), timeout_s, 1024 * 1024)
+    except _NotFound:
+        if partial:  # a relay without cut-through
+            return RelayVersions(versions=[], latest=None)
+        raise
     return RelayVersions.model_validate_json(body)
 
 
@@ -66,6 +77,28 @@ def wait_for_version(
                     f"{relay} did not list version {version} in {timeout_s}s: {last}"
                 )
             time.sleep(poll_s)
+
+
+def wait_for_manifest(
+    relays: Iterable[str] | RelayPool,
+    version: int,
+    trusted_trainer: str,
+    *,
+    wait_s: float,
+    timeout_s: float = 10.0,
+    poll_s: float = 0.1,
+    http: httpx.Client | None = None,
+) -> SignedManifest:
+    """Poll until some relay serves the signed manifest of `version` (it may still be arriving)."""
+    pool = as_pool(relays)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return fetch_manifest(pool, version, trusted_trainer, timeout_s, http=http)
+        except NotAvailableError:
+            if time.monotonic() + poll_s > deadline:
+                raise
+        time.sleep(poll_s)
 
 
 def fetch_manifest(
@@ -169,8 +202,17 @@ class _RegionSink:
 
     def __init__(self, fd: int, shard: ShardInfo) -> None:
         self._fd = fd
+        self._shard = shard
         self._pos = shard.offset
         self._verifier = ShardVerifier(shard)
+
+    @property
+    def received(self) -> int:
+        return self._verifier.received
+
+    def reset(self) -> None:
+        self._pos = self._shard.offset
+        self._verifier = ShardVerifier(self._shard)
 
     def write(self, chunk: bytes) -> None:
         self._verifier.update(chunk)
@@ -202,13 +244,19 @@ def download_version(
     overwrite: bool = False,
     verify_files: bool = True,
     http: httpx.Client | None = None,
+    wait_s: float | None = None,
 ) -> Path:
     """Download, verify and atomically install a policy version as a model directory.
 
     `relays` may be a RelayPool to keep relay health across calls and read `pool.demoted`
     afterwards. `timeout_s` bounds each request; `attempts_per_shard` (default: twice the number
-    of relays, at least 3) and `deadline_s` (whole download) bound the retries.
+    of relays, at least 3) and `deadline_s` (whole download) bound the retries; each transfer
+    also has its own deadline, and a transfer cut off mid-shard resumes with a Range request.
+    Relays are asked to hold a request up to `wait_s` (default: half of `timeout_s`) for a shard
+    they are still receiving, so a version can be fetched while it travels down the tree.
     """
+    if wait_s is None:
+        wait_s = min(routes.MAX_WAIT_S, timeout_s / 2)
     pool = as_pool(relays)
     out_dir = Path(out_dir)
     deadline = time.monotonic() + deadline_s if deadline_s is not None else None
@@ -230,7 +278,16 @@ def download_version(
         staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.partial-"))
         try:
             _download_into(
-                client, pool, signed, staging, attempts_per_shard, deadline, max_workers, progress
+                client,
+                pool,
+                signed,
+                staging,
+                attempts_per_shard,
+                deadline,
+                max_workers,
+                progress,
+                timeout_s,
+                wait_s,
             )
             if verify_files:
                 _verify_files(signed, staging)
@@ -253,6 +310,8 @@ def _download_into(
     deadline: float | None,
     max_workers: int,
     progress: Progress | None,
+    timeout_s: float,
+    wait_s: float,
 ) -> None:
     m = signed.manifest
     total = sum(f.size for f in m.files)
@@ -284,6 +343,8 @@ def _download_into(
             deadline=deadline,
             max_workers=max_workers,
             on_shard_done=shard_done,
+            timeout_s=timeout_s,
+            wait_s=wait_s,
         )
     finally:
         for fd in fds.values():

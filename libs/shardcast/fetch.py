@@ -2,10 +2,21 @@
 
 The same engine feeds a worker's model directory (client.py) and a relay's store (sync.py); only
 the sink differs. Sinks verify every byte (see verify.py), so a relay that lies is caught here.
+
+Three things keep a download moving when relays misbehave:
+
+- every transfer has its own deadline (a trickling relay is cut off and the shard resumed
+  elsewhere), every shard a bounded number of attempts, and the whole download an optional
+  deadline;
+- a transfer cut off mid-shard keeps the verified-so-far prefix and resumes with an HTTP Range
+  request on the next relay (shards are content-addressed, so any relay's bytes fit);
+- requests ask the relay to wait a little (`?wait=`) for a shard it is still pulling itself, so
+  a client can start on a version while it is still travelling down the tree (cut-through).
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,10 +36,18 @@ STREAM_CHUNK = 1024 * 1024
 # Pause between full rounds over every relay (e.g. all relays still pulling the version).
 BACKOFF_FIRST_S = 0.2
 BACKOFF_MAX_S = 2.0
+# Slowest transfer rate tolerated before a transfer is cut off and resumed elsewhere.
+MIN_RATE_BPS = 512 * 1024
+_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 
 class ShardSink(Protocol):
+    """Where a shard's bytes go. `received` bytes are kept across attempts (Range resume)."""
+
+    @property
+    def received(self) -> int: ...
     def write(self, chunk: bytes) -> None: ...
+    def reset(self) -> None: ...
     def commit(self) -> None: ...
     def abort(self) -> None: ...
 
@@ -58,6 +77,11 @@ def default_attempts(pool: RelayPool) -> int:
     return max(3, 2 * len(pool.urls))
 
 
+def transfer_deadline(shard: ShardInfo, timeout_s: float, wait_s: float) -> float:
+    """Seconds one attempt at `shard` may take: the wait, a timeout, and a minimum rate."""
+    return wait_s + timeout_s + shard.size / MIN_RATE_BPS
+
+
 def fetch_shard(
     http: httpx.Client,
     relay: str,
@@ -65,24 +89,47 @@ def fetch_shard(
     task: ShardTask,
     sink: ShardSink,
     deadline: float | None = None,
+    wait_s: float = 0.0,
 ) -> None:
-    """GET one shard from one relay into `sink`; raises unless it arrived intact and committed."""
+    """GET one shard (or its missing tail) from one relay into `sink`, then commit it.
+
+    Raises unless the shard arrived intact. A failure mid-transfer leaves the verified prefix in
+    the sink so the next attempt can resume with a Range request.
+    """
     url = routes.join(relay, routes.shard_path(version, task.file.name, task.shard.index))
-    # identity: compression only costs CPU on incompressible weights (decoded anyway if used).
-    with http.stream("GET", url, headers={"Accept-Encoding": "identity"}) as resp:
-        if resp.status_code in (404, 410):
-            raise _Missing(f"HTTP {resp.status_code}")
-        if resp.status_code != 200:
-            raise _RelayFailed(f"HTTP {resp.status_code}")
-        declared = resp.headers.get("content-length")
-        encoded = resp.headers.get("content-encoding", "identity") != "identity"
-        if declared is not None and not encoded and declared.strip() != str(task.shard.size):
-            raise ShardHashError(f"Content-Length {declared} but the shard is {task.shard.size}")
-        for chunk in resp.iter_bytes(STREAM_CHUNK):
-            sink.write(chunk)
-            # httpx timeouts bound each read, not the transfer: a trickling relay needs this.
-            if deadline is not None and time.monotonic() > deadline:
-                raise _RelayFailed("download deadline passed mid-shard")
+    size = task.shard.size
+    start = sink.received
+    # identity: compression only costs CPU on incompressible weights (and breaks Range offsets).
+    headers = {"Accept-Encoding": "identity"}
+    if 0 < start < size:
+        headers["Range"] = f"bytes={start}-"
+    params = {"wait": f"{wait_s:g}"} if wait_s > 0 else None
+    if start < size or size == 0:
+        with http.stream("GET", url, headers=headers, params=params) as resp:
+            if resp.status_code in (404, 410):
+                raise _Missing(f"HTTP {resp.status_code}")
+            if resp.status_code == 206 and "Range" in headers:
+                m = _CONTENT_RANGE.match(resp.headers.get("content-range", ""))
+                if not m or int(m.group(1)) != start or m.group(3) not in (str(size), "*"):
+                    raise ShardHashError(
+                        f"Content-Range {resp.headers.get('content-range')!r} does not continue "
+                        f"at byte {start} of a {size}-byte shard"
+                    )
+                expected = size - start
+            elif resp.status_code == 200:
+                if start:
+                    sink.reset()  # the relay ignored the Range: take the whole shard again
+                expected = size
+            else:
+                raise _RelayFailed(f"HTTP {resp.status_code}")
+            declared = resp.headers.get("content-length")
+            if declared is not None and declared.strip() != str(expected):
+                raise ShardHashError(f"Content-Length {declared} but {expected} bytes are due")
+            for chunk in resp.iter_bytes(STREAM_CHUNK):
+                sink.write(chunk)
+                # httpx timeouts bound each read, not the transfer: a trickling relay needs this.
+                if deadline is not None and time.monotonic() > deadline:
+                    raise _RelayFailed("transfer deadline passed mid-shard")
     sink.commit()
 
 
@@ -98,8 +145,14 @@ def fetch_all(
     max_workers: int = 8,
     on_shard_done: Callable[[ShardTask], None] | None = None,
     stop: threading.Event | None = None,
+    timeout_s: float = 10.0,
+    wait_s: float = 0.0,
 ) -> None:
-    """Fetch every task; raise NotAvailableError as soon as one shard exhausts its budget."""
+    """Fetch every task; raise NotAvailableError as soon as one shard exhausts its budget.
+
+    `deadline` (monotonic) bounds the whole call; each transfer is also bounded on its own (see
+    `transfer_deadline`). `wait_s` asks relays to hold a request for a shard still in flight.
+    """
     if not tasks:
         return
     attempts = attempts_per_shard or default_attempts(pool)
@@ -113,7 +166,17 @@ def fetch_all(
     def run(seq: int, task: ShardTask) -> None:
         try:
             _fetch_with_retries(
-                http, pool, version, seq, task, sink_factory, attempts, deadline, cancelled
+                http,
+                pool,
+                version,
+                seq,
+                task,
+                sink_factory,
+                attempts,
+                deadline,
+                cancelled,
+                timeout_s,
+                wait_s,
             )
         except BaseException:
             failed.set()
@@ -143,46 +206,72 @@ def _fetch_with_retries(
     attempts: int,
     deadline: float | None,
     cancelled: Callable[[], bool],
+    timeout_s: float,
+    wait_s: float,
 ) -> None:
     tried: set[str] = set()
     rounds = 0
     reasons: list[str] = []
-    for _ in range(attempts):
-        relay = pool.pick(seq, exclude=tried)
-        if relay is None:
-            # Every relay failed this shard once: wait a little (they may still be pulling).
-            rounds += 1
-            tried.clear()
-            pause = min(BACKOFF_FIRST_S * 2 ** (rounds - 1), BACKOFF_MAX_S)
-            if deadline is not None:
-                pause = min(pause, max(0.0, deadline - time.monotonic()))
-            time.sleep(pause)
+    sink: ShardSink | None = None
+    # Relays whose bytes are in the sink: a bad hash is blamed on one only if it sent them all.
+    sources: set[str] = set()
+    try:
+        for _ in range(attempts):
             relay = pool.pick(seq, exclude=tried)
-            assert relay is not None
-        if cancelled():
-            raise Cancelled("download cancelled")
-        if deadline is not None and time.monotonic() > deadline:
-            break
-        tried.add(relay)
-        sink = sink_factory(task)
-        started = time.monotonic()
-        try:
-            fetch_shard(http, relay, version, task, sink, deadline)
-        except IntegrityError as exc:
-            pool.demote(relay, f"{task.file.name}#{task.shard.index}: {exc}")
-            reasons.append(f"{relay}: {exc}")
-        except _Missing as exc:
-            pool.record_miss(relay, str(exc))
-            reasons.append(f"{relay}: {exc}")
-        except (_RelayFailed, httpx.HTTPError) as exc:
-            pool.record_error(relay, f"{type(exc).__name__}: {exc}")
-            reasons.append(f"{relay}: {type(exc).__name__}: {exc}")
-        else:
-            pool.record_ok(relay, task.shard.size, time.monotonic() - started)
-            return
-        finally:
+            if relay is None:
+                # Every relay failed this shard once: wait a little (they may still be pulling).
+                rounds += 1
+                tried.clear()
+                pause = min(BACKOFF_FIRST_S * 2 ** (rounds - 1), BACKOFF_MAX_S)
+                if deadline is not None:
+                    pause = min(pause, max(0.0, deadline - time.monotonic()))
+                time.sleep(pause)
+                relay = pool.pick(seq, exclude=tried)
+                assert relay is not None
+            if cancelled():
+                raise Cancelled("download cancelled")
+            now = time.monotonic()
+            if deadline is not None and now > deadline:
+                break
+            tried.add(relay)
+            if sink is None:
+                sink = sink_factory(task)
+            before = sink.received
+            limit = now + transfer_deadline(task.shard, timeout_s, wait_s)
+            if deadline is not None:
+                limit = min(limit, deadline)
+            pool.begin(relay)
+            try:
+                if before == 0:
+                    sources.clear()
+                sources.add(relay)
+                fetch_shard(http, relay, version, task, sink, limit, wait_s)
+            except IntegrityError as exc:
+                if sources == {relay}:
+                    pool.demote(relay, f"{task.file.name}#{task.shard.index}: {exc}")
+                else:  # bytes from several relays: cannot tell who lied, so start clean
+                    pool.record_error(relay, f"mixed-source shard failed verification: {exc}")
+                sink.reset()
+                sources.clear()
+                reasons.append(f"{relay}: {exc}")
+            except _Missing as exc:
+                pool.record_miss(relay, str(exc))
+                reasons.append(f"{relay}: {exc}")
+            except (_RelayFailed, httpx.HTTPError) as exc:
+                pool.record_error(relay, f"{type(exc).__name__}: {exc}")
+                reasons.append(f"{relay}: {type(exc).__name__}: {exc}")
+            else:
+                pool.record_ok(relay, task.shard.size - before, time.monotonic() - now)
+                sink = None  # committed: nothing to abort
+                return
+            finally:
+                pool.end(relay)
+                if sink is not None and sink.received == 0:
+                    sources.discard(relay)
+        raise NotAvailableError(
+            f"{task.file.name} shard {task.shard.index} of version {version}: no relay delivered "
+            f"it in {attempts} attempts (last: {'; '.join(reasons[-3:]) or 'deadline passed'})"
+        )
+    finally:
+        if sink is not None:
             sink.abort()
-    raise NotAvailableError(
-        f"{task.file.name} shard {task.shard.index} of version {version}: no relay delivered it "
-        f"in {attempts} attempts (last: {'; '.join(reasons[-3:]) or 'deadline passed'})"
-    )

@@ -9,6 +9,8 @@ from typing import Literal
 
 # After this many errors in a row a relay is tried only when no healthy one is left.
 DOWN_AFTER = 3
+# Weight of the newest transfer in a relay's throughput average.
+RATE_EWMA = 0.3
 
 EventKind = Literal["ok", "miss", "error", "demoted"]
 EventHook = Callable[[EventKind, str, str], None]
@@ -24,6 +26,8 @@ class RelayHealth:
     errors: int = 0
     consecutive_errors: int = 0
     demoted: str | None = None  # why, once the relay served bytes that failed verification
+    in_flight: int = 0
+    rate_bps: float = 0.0  # moving average of delivered bytes per second, 0 until measured
 
     @property
     def tier(self) -> int:
@@ -61,16 +65,35 @@ class RelayPool:
             return [h.url for h in ranked if h.url not in skip]
 
     def pick(self, seq: int, exclude: Iterable[str] = ()) -> str | None:
-        """Spread work over the best tier by sequence number; None when all were excluded."""
+        """The relay of the best tier expected to finish one more transfer soonest.
+
+        Expected time is (transfers in flight + 1) / measured throughput; relays not measured yet
+        count as fast as the fastest measured one, so each gets tried. Ties are spread by `seq`.
+        None when every relay was excluded.
+        """
         skip = set(exclude)
         with self._lock:
             tiers = sorted({h.tier for h in self._health.values() if h.url not in skip})
             if not tiers:
                 return None
-            best = [
-                h.url for h in self._health.values() if h.tier == tiers[0] and h.url not in skip
-            ]
-        return best[seq % len(best)]
+            best = [h for h in self._health.values() if h.tier == tiers[0] and h.url not in skip]
+            fastest = max((h.rate_bps for h in best), default=0.0) or 1.0
+            n = len(best)
+
+            def cost(item: tuple[int, RelayHealth]) -> tuple[float, int]:
+                i, h = item
+                return ((h.in_flight + 1) / (h.rate_bps or fastest), (i - seq) % n)
+
+            return min(enumerate(best), key=cost)[1].url
+
+    def begin(self, url: str) -> None:
+        with self._lock:
+            self._health[url].in_flight += 1
+
+    def end(self, url: str) -> None:
+        with self._lock:
+            h = self._health[url]
+            h.in_flight = max(0, h.in_flight - 1)
 
     def record_ok(self, url: str, nbytes: int = 0, seconds: float = 0.0) -> None:
         with self._lock:
@@ -79,6 +102,11 @@ class RelayPool:
             h.bytes_ok += nbytes
             h.seconds_ok += seconds
             h.consecutive_errors = 0
+            if seconds > 0 and nbytes > 0:
+                rate = nbytes / seconds
+                h.rate_bps = (
+                    rate if h.rate_bps == 0 else RATE_EWMA * rate + (1 - RATE_EWMA) * h.rate_bps
+                )
         self._emit("ok", url, "")
 
     def record_miss(self, url: str, reason: str = "not held") -> None:

@@ -6,6 +6,10 @@ from urllib.parse import quote
 
 PREFIX = "/v1"
 VERSIONS = f"{PREFIX}/versions"
+# Versions whose manifest is held but not every shard yet (same body as VERSIONS).
+PARTIAL = f"{VERSIONS}/partial"
+# Longest a relay holds a request for a shard it is still pulling (`?wait=` seconds).
+MAX_WAIT_S = 30.0
 
 
 def manifest_path(version: int) -> str:

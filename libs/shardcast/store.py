@@ -5,6 +5,8 @@ Layout under `root`:
     v<N>/manifest.json         the SignedManifest as received (already verified by the caller)
     v<N>/shards/<file>/<i>     one file per shard, so it can be served with sendfile-style I/O
     v<N>/COMPLETE              present once every shard is held; only then is v<N> listed
+                               (before that it is listed as partial, and its held shards are
+                               already served: cut-through relaying)
 
 Every write lands in a temporary name in the destination directory and is renamed into place,
 so a reader (or a crash) never sees a half-written manifest or shard. A version directory is
@@ -54,9 +56,19 @@ class ShardWriter:
         self._fh = os.fdopen(fd, "wb")
         self._done = False
 
+    @property
+    def received(self) -> int:
+        return self._verifier.received
+
     def write(self, chunk: bytes) -> None:
         self._verifier.update(chunk)  # raises before an oversized chunk touches the disk
         self._fh.write(chunk)
+
+    def reset(self) -> None:
+        """Drop what was received so far (the shard is fetched again from its start)."""
+        self._fh.seek(0)
+        self._fh.truncate()
+        self._verifier = ShardVerifier(self.shard)
 
     def commit(self) -> None:
         try:
@@ -216,6 +228,10 @@ class VersionStore:
     def versions(self) -> list[int]:
         """Complete versions, oldest first: the ones a relay lists."""
         return [v for v in self.held_versions() if self.is_complete(v)]
+
+    def partial_versions(self) -> list[int]:
+        """Versions whose manifest is held but not every shard yet: served shard by shard."""
+        return [v for v in self.held_versions() if not self.is_complete(v)]
 
     def latest(self) -> int | None:
         complete = self.versions()

@@ -1,6 +1,9 @@
 """A relay's pull step: bring the newest versions of its parents into its store.
 
 One call of `ParentSync.poll_once()` is one poll; the service owns the loop and the schedule.
+With cut-through (the default) a relay starts on a version as soon as a parent holds its signed
+manifest, and each shard it verifies is served at once, so a version flows down a tree of any
+depth without waiting for each level to complete.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import time
 import httpx
 from pydantic import ValidationError
 
+from . import routes
 from .client import fetch_manifest, list_versions, make_http_client
 from .errors import NotAvailableError, ShardcastError
 from .fetch import ShardTask, fetch_all
@@ -34,6 +38,7 @@ class ParentSync:
         attempts_per_shard: int | None = None,
         version_deadline_s: float | None = 600.0,
         stop: threading.Event | None = None,
+        cut_through: bool = True,
     ) -> None:
         self.store = store
         self.parents = parents
@@ -44,18 +49,28 @@ class ParentSync:
         self.attempts_per_shard = attempts_per_shard
         self.version_deadline_s = version_deadline_s
         self.stop = stop or threading.Event()
+        # Pull versions that parents are still receiving, shard by shard as they verify them.
+        self.cut_through = cut_through
+        self.wait_s = min(routes.MAX_WAIT_S, max(1.0, timeout_s / 2)) if cut_through else 0.0
         self.http = make_http_client(timeout_s, max_connections=max(8, 2 * max_workers))
 
     def close(self) -> None:
         self.http.close()
 
     def upstream_versions(self) -> set[int]:
+        """Versions some parent lists: complete ones, and (cut-through) ones still arriving."""
         found: set[int] = set()
         for parent in self.parents.candidates():
             try:
                 found.update(
                     list_versions(parent, timeout_s=self.timeout_s, http=self.http).versions
                 )
+                if self.cut_through:
+                    found.update(
+                        list_versions(
+                            parent, timeout_s=self.timeout_s, http=self.http, partial=True
+                        ).versions
+                    )
             except (httpx.HTTPError, ValidationError) as exc:
                 self.parents.record_error(parent, f"listing: {type(exc).__name__}: {exc}")
         return found
@@ -104,6 +119,8 @@ class ParentSync:
             deadline=deadline,
             max_workers=self.max_workers,
             stop=self.stop,
+            timeout_s=self.timeout_s,
+            wait_s=self.wait_s,
         )
         done = self.store.mark_complete(version)
         if done:

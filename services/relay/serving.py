@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import FileResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from prime_swarm.libs.shardcast import NotHeldError
+from prime_swarm.libs.shardcast import NotHeldError, routes
 from prime_swarm.protocol.messages import RelayVersions
 
 from .metrics import RelayMetrics
@@ -24,7 +25,7 @@ IMMUTABLE = "public, max-age=31536000, immutable"
 class ShardResponse(FileResponse):
     """FileResponse (streams from disk, handles HEAD and Range) that counts what it sends."""
 
-    chunk_size = 1024 * 1024
+    chunk_size = 4 * 1024 * 1024
 
     def __init__(self, path: Path, metrics: RelayMetrics, **kwargs: object) -> None:
         super().__init__(path, **kwargs)  # type: ignore[arg-type]
@@ -60,6 +61,13 @@ def versions(state: RelayState = Depends(get_state)) -> RelayVersions:
     return RelayVersions(versions=held, latest=held[-1] if held else None)
 
 
+@router.get("/v1/versions/partial", response_model=RelayVersions)
+def partial_versions(state: RelayState = Depends(get_state)) -> RelayVersions:
+    """Versions still arriving: their manifest and held shards are served already."""
+    held = state.store.partial_versions()
+    return RelayVersions(versions=held, latest=held[-1] if held else None)
+
+
 @router.get("/v1/versions/{version}/manifest")
 def manifest(version: int, state: RelayState = Depends(get_state)) -> Response:
     signed = state.store.get_manifest(version) if version >= 0 else None
@@ -72,20 +80,52 @@ def manifest(version: int, state: RelayState = Depends(get_state)) -> Response:
     )
 
 
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+
+
+async def _wait_for_shard(
+    state: RelayState, version: int, path: Path, wait: float
+) -> os.stat_result | None:
+    """Cut-through: hold the request while this relay is still pulling the shard."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    pause = 0.005
+    while loop.time() < deadline:
+        if state.store.get_manifest(version) is None or state.store.is_complete(version):
+            break  # evicted, or complete without this file (cannot happen) : stop waiting
+        await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+        pause = min(pause * 2, 0.05)
+        st = _stat(path)
+        if st is not None:
+            return st
+    return _stat(path)
+
+
 @router.api_route("/v1/versions/{version}/files/{name}/shards/{index}", methods=["GET", "HEAD"])
-def shard(
-    version: int, name: str, index: int, request: Request, state: RelayState = Depends(get_state)
+async def shard(
+    version: int,
+    name: str,
+    index: int,
+    request: Request,
+    wait: float = Query(default=0.0, ge=0.0, le=routes.MAX_WAIT_S),
+    state: RelayState = Depends(get_state),
 ) -> Response:
+    """One verified shard. `?wait=S` holds the request up to S seconds while it is in flight."""
     if version < 0 or index < 0:
         raise NotHeldError(f"no shard {index} of version {version}")
     _, info = state.store.locate(version, name, index)
     path = state.store.shard_path(version, name, index)
-    try:
-        # Stat here, not in the response: a shard missing (not pulled yet, or just evicted) is a
-        # clean 404 instead of an error halfway through a response.
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise NotHeldError(f"shard {index} of {name} (version {version}) is not held yet") from None
+    # Stat here, not in the response: a shard missing (not pulled yet, or just evicted) is a
+    # clean 404 instead of an error halfway through a response.
+    st = _stat(path)
+    if st is None and wait > 0:
+        st = await _wait_for_shard(state, version, path, wait)
+    if st is None:
+        raise NotHeldError(f"shard {index} of {name} (version {version}) is not held yet")
     etag = f'"{info.sha256}"'
     headers = {"ETag": etag, "Cache-Control": IMMUTABLE}
     if request.headers.get("if-none-match") == etag:
