@@ -13,7 +13,7 @@ TORCH_INDEX ?=
 ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup up test test-all bench bench-rl lint fmt clean
+.PHONY: setup up test test-all bench bench-rl bench-toploc lint fmt clean
 
 setup: $(VENV)/.installed $(ANVIL) redis
 
@@ -43,10 +43,21 @@ test: setup
 test-all: setup
 	$(PY) -m pytest -q
 
-bench: setup bench-rl
+bench: setup bench-rl bench-toploc
 
 bench-rl:
 	$(PY) bench/rl_offline.py
+
+# The reference TOPLOC (PyPI toploc 0.1.6, tied to torch 2.6.0) lives in a venv of its own.
+TOPLOC_REF := bench/.venv-toploc-ref
+$(TOPLOC_REF)/.installed:
+	@[ -x $(TOPLOC_REF)/bin/python ] || $(PYTHON) -m venv $(TOPLOC_REF)
+	$(TOPLOC_REF)/bin/pip install -q "torch==2.6.0" "toploc==0.1.6" \
+		|| echo "reference toploc could not be installed; the bench reports it as unavailable"
+	@touch $@
+
+bench-toploc: setup $(TOPLOC_REF)/.installed
+	$(PY) bench/toploc_bench.py
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -217,3 +217,156 @@ __all__ = [
     "scale_logits",
     "termination_ok",
 ]
+
+
+# --------------------------------------------------------------------------- pool numerics
+# A pool announces one inference precision; workers must generate in it and validators recompute
+# in it. The TOPLOC proof commits to the bf16 bit patterns of the final hidden states, and a bf16
+# forward leaves a fingerprint that an fp32 or fp16 forward cannot reproduce: every intermediate
+# is rounded to bf16, so the recomputed top-k values match the committed ones bit for bit on
+# almost every point, while a forward at another precision matches only about a third of them.
+# The sampling head always runs in fp32 over the (rounded) hidden states, so logits, Gumbel replay
+# and log-probs are deterministic functions of the committed hidden states.
+
+PRECISIONS: dict[str, torch.dtype] = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+}
+_CAST_CACHE: dict[tuple[int, torch.dtype], tuple[object, TinyGPT]] = {}
+
+
+def cast_for_inference(model: TinyGPT, precision: str) -> TinyGPT:
+    """``model`` with weights and activations in ``precision`` (a cached copy when it differs)."""
+    import copy
+    import weakref
+
+    dtype = PRECISIONS[precision]
+    if next(model.parameters()).dtype == dtype:
+        return model
+    key = (id(model), dtype)
+    hit = _CAST_CACHE.get(key)
+    if hit is not None and hit[0]() is model:
+        return hit[1]
+    cast = copy.deepcopy(model).to(dtype).eval()
+    ref = weakref.ref(model, lambda _r, k=key: _CAST_CACHE.pop(k, None))
+    _CAST_CACHE[key] = (ref, cast)
+    return cast
+
+
+def head_logits(model: TinyGPT, hidden: torch.Tensor) -> torch.Tensor:
+    """fp32 logits from final hidden states (the pool's sampling head)."""
+    head = model.lm_head
+    bias = head.bias.float() if head.bias is not None else None
+    return torch.nn.functional.linear(hidden.float(), head.weight.float(), bias)
+
+
+@dataclass
+class CapturedCompletion(Completion):
+    """A completion with the final hidden states captured while it was generated ([L, C])."""
+
+    hidden: torch.Tensor | None = None
+
+
+@torch.no_grad()
+def generate_captured(
+    model: TinyGPT,
+    prompts: Sequence[Sequence[int]],
+    seeds: Sequence[int],
+    *,
+    group_size: int,
+    max_new_tokens: int,
+    temperature: float,
+    eos_id: int,
+    precision: str = "bf16",
+) -> list[list[CapturedCompletion]]:
+    """Like `generate_batch`, at the pool's precision, keeping each step's final hidden state.
+
+    Sequences are left-aligned (right-padded) in one buffer that grows by one column per step,
+    the layout a validator's prefill uses, so each token's hidden state is
+    computed over the same key positions on both sides. The hidden state that produced token k is
+    the one TOPLOC commits to: no second prefill is needed.
+    """
+    if len(prompts) != len(seeds):
+        raise ValueError("one seed per prompt")
+    model = cast_for_inference(model, precision)
+    rows = [(p, s, j) for p, s in zip(prompts, seeds, strict=True) for j in range(group_size)]
+    n = len(rows)
+    device = next(model.parameters()).device
+    lens = torch.tensor([len(r[0]) for r in rows], device=device)
+    if n == 0:
+        return [[] for _ in prompts]
+    if int(lens.min()) == 0:
+        raise ValueError("every prompt needs at least one token (the BOS)")
+    width = int(lens.max()) + max_new_tokens
+    pad = model.config.pad_token_id
+    ids = torch.full((n, width), pad, dtype=torch.long, device=device)
+    attn = torch.zeros((n, width), dtype=torch.long, device=device)
+    for i, r in enumerate(rows):
+        ids[i, : len(r[0])] = torch.as_tensor(list(r[0]), dtype=torch.long)
+        attn[i, : len(r[0])] = 1
+    vocab = model.config.vocab_size
+    hidden_dim = model.config.n_embd
+    hid = torch.zeros((n, max_new_tokens, hidden_dim), dtype=torch.bfloat16, device=device)
+    out: list[list[int]] = [[] for _ in range(n)]
+    lps: list[list[float]] = [[] for _ in range(n)]
+    done = [False] * n
+    cur = lens.clone()
+    for pos in range(max_new_tokens):
+        live = [i for i in range(n) if not done[i]]
+        live_t = torch.tensor(live, device=device)
+        w = int(cur[live_t].max())
+        _, hidden = model(ids[live_t, :w], attention_mask=attn[live_t, :w])
+        last = hidden[torch.arange(len(live), device=device), cur[live_t] - 1]
+        hid[live_t, pos] = last.to(torch.bfloat16)
+        logits = head_logits(model, last)
+        if temperature > 0:
+            noise = torch.stack([gumbel_noise(rows[i][1], rows[i][2], pos, vocab) for i in live])
+            scores = perturbed_scores(logits, temperature, noise.to(device))
+        else:
+            scores = logits
+        chosen = scores.argmax(dim=-1)
+        chosen_lp = token_logprobs(logits, chosen, temperature)
+        ids[live_t, cur[live_t]] = chosen
+        attn[live_t, cur[live_t]] = 1
+        cur[live_t] += 1
+        for i, tok, lp in zip(live, chosen.tolist(), chosen_lp.tolist(), strict=True):
+            out[i].append(tok)
+            lps[i].append(lp)
+            done[i] = tok == eos_id
+        if all(done):
+            break
+    comps = [
+        CapturedCompletion(
+            out[i], "eos" if done[i] else "length", lps[i], hidden=hid[i, : len(out[i])].cpu()
+        )
+        for i in range(n)
+    ]
+    return [comps[p * group_size : (p + 1) * group_size] for p in range(len(prompts))]
+
+
+@torch.no_grad()
+def prefill_at(
+    model: TinyGPT, sequences: Sequence[PromptCompletion], precision: str = "bf16"
+) -> list[PrefillOutput]:
+    """`prefill` at the pool's precision: bf16 hidden states, fp32 head logits over them."""
+    if not sequences:
+        return []
+    model = cast_for_inference(model, precision)
+    _, hidden, _, _ = forward_completions(model, sequences)
+    hidden = hidden.to(torch.bfloat16)
+    logits = head_logits(model, hidden)
+    return [
+        PrefillOutput(logits[i, : len(c)], hidden[i, : len(c)])
+        for i, (_, c) in enumerate(sequences)
+    ]
+
+
+__all__ += [
+    "PRECISIONS",
+    "CapturedCompletion",
+    "cast_for_inference",
+    "generate_captured",
+    "head_logits",
+    "prefill_at",
+]

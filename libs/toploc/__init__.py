@@ -17,7 +17,7 @@ from .proof import (
     verify_proof,
     verify_proofs_batch,
 )
-from .verdict import ChunkStats, Thresholds, VerifyResult
+from .verdict import ChunkStats, Thresholds, VerifyResult, exact_fraction
 
 __all__ = [
     "CHUNK_SIZE",
@@ -30,6 +30,7 @@ __all__ = [
     "VerifyResult",
     "build_proof",
     "build_proofs_batch",
+    "exact_fraction",
     "verify_proof",
     "verify_proofs_batch",
 ]

@@ -58,6 +58,9 @@ class ChunkStats:
     mant_err_mean: float
     """inf when no point had a matching sign and exponent."""
     mant_err_median: float
+    exact_matches: int = 0
+    """Points whose recomputed bf16 bit pattern equals the committed one exactly: the precision
+    fingerprint (a bf16 forward reproduces almost all of them, an fp32/fp16 one about a third)."""
 
     def failure(self, t: Thresholds) -> str | None:
         """Why this chunk fails ``t``, or None when it passes."""
@@ -87,6 +90,20 @@ class VerifyResult:
     def reject(cls, reason: str) -> VerifyResult:
         return cls(ok=False, reason=reason)
 
+    @property
+    def n_points(self) -> int:
+        return sum(c.n_points for c in self.chunks)
+
+    @property
+    def exact_matches(self) -> int:
+        return sum(c.exact_matches for c in self.chunks)
+
+
+def exact_fraction(results: list[VerifyResult]) -> float:
+    """Share of compared points, over several proofs, whose bits matched exactly (0 if none)."""
+    points = sum(r.n_points for r in results)
+    return sum(r.exact_matches for r in results) / points if points else 0.0
+
 
 def compare_rows(mine: np.ndarray, theirs: np.ndarray) -> list[ChunkStats]:
     """Statistics for each row of validator bits ``mine`` against decoded prover bits ``theirs``."""
@@ -105,6 +122,7 @@ def compare_rows(mine: np.ndarray, theirs: np.ndarray) -> list[ChunkStats]:
     hi = np.clip(counts // 2, 0, ordered.shape[1] - 1)[:, None]
     pair = np.take_along_axis(ordered, lo, axis=1) + np.take_along_axis(ordered, hi, axis=1)
     medians = pair[:, 0] / 2
+    exact = (mine == theirs).sum(axis=1)
     n_points = mine.shape[1]
     return [
         ChunkStats(
@@ -113,6 +131,7 @@ def compare_rows(mine: np.ndarray, theirs: np.ndarray) -> list[ChunkStats]:
             sign_mismatches=int(sign_mis[i]),
             mant_err_mean=float(means[i]) if counts[i] else math.inf,
             mant_err_median=float(medians[i]) if counts[i] else math.inf,
+            exact_matches=int(exact[i]),
         )
         for i in range(mine.shape[0])
     ]

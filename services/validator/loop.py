@@ -11,7 +11,7 @@ from eth_account.signers.local import LocalAccount
 
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.policy.store import LoadedPolicy, PolicyError, PolicyStore
-from prime_swarm.libs.rl.sampling import prefill
+from prime_swarm.libs.rl.sampling import prefill_at
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
@@ -92,6 +92,7 @@ class Validator:
         for e in entries:
             if e.message is None:
                 log.warning("undecodable submission dropped", extra={"fields": {"err": e.error}})
+                metrics.UNDECODABLE.inc()
                 undecodable.append(e.entry_id)
                 continue
             msg = e.message
@@ -105,6 +106,7 @@ class Validator:
                 except PolicyError as exc:
                     raise checks.Rejection("unknown_policy", str(exc)[:300]) from exc
                 checks.check_prompt(msg, policy)
+                checks.check_shapes(msg, policy)
             except checks.Rejection as rej:
                 verdicts.append((e.entry_id, msg, self._verdict(msg, rej), None))
                 continue
@@ -118,18 +120,39 @@ class Validator:
                 for _, m, _ in items
                 for c in m.submission.completions
             ]
-            outputs = prefill(policy.model, seqs)
+            t0 = time.monotonic()
+            try:
+                outputs: list | None = prefill_at(policy.model, seqs, self.s.precision)
+            except Exception:  # never let one submission sink the batch: retry one by one
+                log.exception("batched prefill failed; falling back to one at a time")
+                outputs = None
+            metrics.PREFILL_SECONDS.observe(time.monotonic() - t0)
             at = 0
             for entry_id, msg, _ in items:
                 n = len(msg.submission.completions)
-                mine, at = outputs[at : at + n], at + n
                 try:
+                    if outputs is None:
+                        mine = prefill_at(policy.model, seqs[at : at + n], self.s.precision)
+                    else:
+                        mine = outputs[at : at + n]
                     completions = checks.check_completions(
-                        msg, policy, mine, self.s.replay_tolerance, self.s.reward_tolerance
+                        msg,
+                        policy,
+                        mine,
+                        self.s.replay_tolerance,
+                        self.s.reward_tolerance,
+                        self.s.min_exact_fraction,
                     )
                 except checks.Rejection as rej:
                     verdicts.append((entry_id, msg, self._verdict(msg, rej), None))
                     continue
+                except Exception as exc:  # a malformed submission never crashes the validator
+                    log.exception("check failed unexpectedly")
+                    rej = checks.Rejection("malformed", f"{type(exc).__name__}: {exc}"[:300])
+                    verdicts.append((entry_id, msg, self._verdict(msg, rej), None))
+                    continue
+                finally:
+                    at += n
                 verdict = self._verdict(msg, None, completions)
                 verdicts.append((entry_id, msg, verdict, self._verified(msg, verdict, completions)))
         self._commit(verdicts, undecodable)

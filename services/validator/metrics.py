@@ -12,3 +12,9 @@ ATTESTED_UNITS = Counter("validator_attested_units_total", "Units attested on ch
 SLASHES = Counter("validator_slashes_total", "Slashing transactions sent")
 CHAIN_ERRORS = Counter("validator_chain_errors_total", "Failed chain flushes")
 VERSION_LAG = Gauge("validator_policy_lag", "Latest version minus the last batch's mean version")
+PREFILL_SECONDS = Histogram(
+    "validator_prefill_seconds",
+    "Seconds of one batched prefill (one policy version)",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
+)
+UNDECODABLE = Counter("validator_undecodable_total", "Submissions that could not be decoded")

@@ -9,6 +9,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prime_swarm.libs.rl.defaults import RL
 
+from .checks import MIN_EXACT_FRACTION, REPLAY_TOLERANCE
+
 
 class ValidatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PRIME_VALIDATOR_", extra="ignore")
@@ -26,7 +28,19 @@ class ValidatorSettings(BaseSettings):
         RL.async_level, ge=0, description="Admit policy v while v >= step - async_level."
     )
     replay_tolerance: float = Field(
-        RL.replay_tol, ge=0, description="Near-tie slack when replaying Gumbel-max sampling."
+        REPLAY_TOLERANCE,
+        ge=0,
+        description="Near-tie slack when replaying Gumbel-max sampling (bf16, calibrated).",
+    )
+    precision: str = Field(
+        "bf16", description="The pool's inference precision; proofs are recomputed in it."
+    )
+    min_exact_fraction: float = Field(
+        MIN_EXACT_FRACTION,
+        ge=0,
+        le=1,
+        description="Least share of committed top-k values a recomputation at the pool's "
+        "precision must reproduce bit for bit (the precision fingerprint).",
     )
     reward_tolerance: float = Field(1e-6, ge=0, description="Slack on a claimed reward.")
     batch_size: int = Field(16, ge=1, description="Submissions read (and prefilled) per batch.")

@@ -1,54 +1,143 @@
-"""Answer a lease: seeded generation, TOPLOC proofs over the hidden states, a signed submission."""
+"""Answer a lease: seeded generation (hidden states captured on the way), TOPLOC proofs built off
+the critical path in a background thread, and the submission."""
 
 from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from prime_swarm.libs.model.tokenizer import decode, encode
 from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rl.envs import get_env
-from prime_swarm.libs.rl.sampling import generate, prefill
-from prime_swarm.libs.toploc import ProofContext, build_proof
+from prime_swarm.libs.rl.sampling import CapturedCompletion
+from prime_swarm.libs.toploc import ProofContext, build_proofs_batch
 from prime_swarm.protocol.messages import CompletionSample, Lease, RolloutSubmission
 
+from .torch_backend import TorchBackend
 
-def answer_lease(policy: LoadedPolicy, lease: Lease) -> RolloutSubmission:
+
+@dataclass
+class ProofTimer:
+    """Seconds spent generating and building proofs (for the overhead figure)."""
+
+    generate_s: float = 0.0
+    prove_s: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, gen: float = 0.0, prove: float = 0.0) -> None:
+        with self.lock:
+            self.generate_s += gen
+            self.prove_s += prove
+
+
+class ProofBuilder:
+    """One background thread that turns captured hidden states into proofs, so the next
+    generation starts while the previous group's proofs are still being built."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toploc-prover")
+        self.timer = ProofTimer()
+
+    def submit(self, hiddens: list, contexts: list[ProofContext]) -> Future[list[bytes]]:
+        def job() -> list[bytes]:
+            t0 = time.perf_counter()
+            proofs = build_proofs_batch(hiddens, contexts)
+            self.timer.add(prove=time.perf_counter() - t0)
+            return proofs
+
+        return self._pool.submit(job)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+_DEFAULT_BACKEND = TorchBackend()
+_DEFAULT_BUILDER: ProofBuilder | None = None
+
+
+def default_builder() -> ProofBuilder:
+    global _DEFAULT_BUILDER
+    if _DEFAULT_BUILDER is None:
+        _DEFAULT_BUILDER = ProofBuilder()
+    return _DEFAULT_BUILDER
+
+
+@dataclass
+class PendingSubmission:
+    """A generated group whose proofs are being built; `result()` blocks until they are."""
+
+    lease: Lease
+    policy_version: int
+    prompt_ids: list[int]
+    completions: list[CapturedCompletion]
+    rewards: list[float]
+    proofs: Future[list[bytes]]
+
+    def result(self) -> RolloutSubmission:
+        proofs = self.proofs.result()
+        samples = [
+            CompletionSample(
+                token_ids=c.token_ids,
+                finish_reason=c.finish_reason,
+                proof=proof,
+                claimed_reward=reward,
+            )
+            for c, proof, reward in zip(self.completions, proofs, self.rewards, strict=True)
+        ]
+        lease = self.lease
+        return RolloutSubmission(
+            lease_id=lease.lease_id,
+            worker=lease.worker,
+            pool_id=lease.pool_id,
+            task_id=lease.task_id,
+            policy_version=self.policy_version,
+            prompt_token_ids=self.prompt_ids,
+            completions=samples,
+        )
+
+
+def start_lease(
+    policy: LoadedPolicy,
+    lease: Lease,
+    backend: object | None = None,
+    builder: ProofBuilder | None = None,
+) -> PendingSubmission:
+    """Generate now; hand the proofs to the background builder and return at once."""
+    backend = backend or _DEFAULT_BACKEND
+    builder = builder or default_builder()
     model, tok = policy.model, policy.tokenizer
     env = get_env(lease.env)
     task = env.task_from_id(lease.task_id)
     prompt_ids = encode(tok, lease.prompt, add_bos=True)
-    completions = generate(
+    t0 = time.perf_counter()
+    completions = backend.generate(  # type: ignore[attr-defined]
         model,
-        prompt_ids,
+        [prompt_ids],
+        [lease.seed],
         group_size=lease.group_size,
         max_new_tokens=lease.sampling.max_new_tokens,
         temperature=lease.sampling.temperature,
-        seed=lease.seed,
         eos_id=model.config.eos_token_id,
-    )
-    # Hidden states come from one batched prefill of prompt + completion: the exact tensors a
-    # validator recomputes, so the proof compares like with like.
-    states = prefill(model, [(prompt_ids, c.token_ids) for c in completions])
-    samples = []
-    for i, (c, st) in enumerate(zip(completions, states, strict=True)):
-        ctx = ProofContext(
+    )[0]
+    builder.timer.add(gen=time.perf_counter() - t0)
+    contexts = [
+        ProofContext(
             model_hash=policy.model_hash,
             lease_id=lease.lease_id,
             sample_index=i,
             token_ids=c.token_ids,
         )
-        samples.append(
-            CompletionSample(
-                token_ids=c.token_ids,
-                finish_reason=c.finish_reason,
-                proof=build_proof(st.hidden, ctx),
-                claimed_reward=env.reward(task, decode(tok, c.token_ids)),
-            )
-        )
-    return RolloutSubmission(
-        lease_id=lease.lease_id,
-        worker=lease.worker,
-        pool_id=lease.pool_id,
-        task_id=lease.task_id,
-        policy_version=policy.version,
-        prompt_token_ids=prompt_ids,
-        completions=samples,
-    )
+        for i, c in enumerate(completions)
+    ]
+    future = builder.submit([c.hidden for c in completions], contexts)
+    rewards = [env.reward(task, decode(tok, c.token_ids)) for c in completions]
+    return PendingSubmission(lease, policy.version, prompt_ids, completions, rewards, future)
+
+
+def answer_lease(
+    policy: LoadedPolicy, lease: Lease, backend: object | None = None
+) -> RolloutSubmission:
+    """Generate and prove one lease, waiting for the proofs."""
+    return start_lease(policy, lease, backend).result()

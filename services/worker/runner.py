@@ -20,7 +20,7 @@ from prime_swarm.protocol.messages import (
 
 from . import metrics
 from .client import OrchestratorClient, OrchestratorError
-from .rollout import answer_lease
+from .rollout import PendingSubmission, ProofBuilder, start_lease
 from .settings import WorkerSettings
 
 log = logging.getLogger("worker")
@@ -144,51 +144,73 @@ class Worker:
             )
 
     def _work(self, client: OrchestratorClient) -> None:
-        while not self.stop.is_set():
-            if self.s.max_rollouts and self.submitted >= self.s.max_rollouts:
-                return
-            policy = self._current_policy()
-            if policy is None:
-                self.stop.wait(0.5)
-                continue
-            try:
-                lease_reply = client.lease(
-                    LeaseRequest(
-                        worker=self.account.address,
-                        pool_id=self.s.pool_id,
-                        policy_version=policy.version,
+        """Lease, generate, and submit; proofs of one group are built in the background while the
+        next group generates, so they stay off the critical path."""
+        builder = ProofBuilder()
+        pending: tuple[PendingSubmission, float] | None = None
+        try:
+            while not self.stop.is_set():
+                owed = self.submitted + (1 if pending else 0)
+                if self.s.max_rollouts and owed >= self.s.max_rollouts:
+                    return
+                policy = self._current_policy()
+                if policy is None:
+                    self.stop.wait(0.5)
+                    continue
+                try:
+                    lease_reply = client.lease(
+                        LeaseRequest(
+                            worker=self.account.address,
+                            pool_id=self.s.pool_id,
+                            policy_version=policy.version,
+                        )
                     )
-                )
-            except OrchestratorError as exc:
-                if exc.reason == "stale_policy":
-                    self._refresh_policy_info(client)
-                else:
-                    log.warning("lease refused: %s", exc)
-                    self.stop.wait(1.0)
-                continue
-            if lease_reply.lease is None:
-                self.stop.wait(lease_reply.retry_after_s or 0.5)
-                continue
-            started = time.monotonic()
-            submission = answer_lease(policy, lease_reply.lease)
-            try:
-                client.submit(submission)
-                self.submitted += 1
-                metrics.SUBMITTED.inc()
-                log.info(
-                    "submitted",
-                    extra={
-                        "fields": {
-                            "lease": submission.lease_id,
-                            "version": policy.version,
-                            "seconds": round(time.monotonic() - started, 3),
-                        }
-                    },
-                )
-            except OrchestratorError as exc:
-                self.refused += 1
-                metrics.REFUSED.labels(exc.reason).inc()
-                log.warning("submission refused: %s", exc)
+                except OrchestratorError as exc:
+                    if pending is not None:
+                        self._submit(client, *pending)
+                        pending = None
+                    if exc.reason == "stale_policy":
+                        self._refresh_policy_info(client)
+                    else:
+                        log.warning("lease refused: %s", exc)
+                        self.stop.wait(1.0)
+                    continue
+                if lease_reply.lease is None:
+                    if pending is not None:
+                        self._submit(client, *pending)
+                        pending = None
+                    self.stop.wait(lease_reply.retry_after_s or 0.5)
+                    continue
+                started = time.monotonic()
+                job = start_lease(policy, lease_reply.lease, builder=builder)
+                if pending is not None:
+                    self._submit(client, *pending)
+                pending = (job, started)
+        finally:
+            if pending is not None:
+                self._submit(client, *pending)
+            builder.close()
+
+    def _submit(self, client: OrchestratorClient, job: PendingSubmission, started: float) -> None:
+        submission = job.result()
+        try:
+            client.submit(submission)
+            self.submitted += 1
+            metrics.SUBMITTED.inc()
+            log.info(
+                "submitted",
+                extra={
+                    "fields": {
+                        "lease": submission.lease_id,
+                        "version": job.policy_version,
+                        "seconds": round(time.monotonic() - started, 3),
+                    }
+                },
+            )
+        except OrchestratorError as exc:
+            self.refused += 1
+            metrics.REFUSED.labels(exc.reason).inc()
+            log.warning("submission refused: %s", exc)
 
     def _refresh_policy_info(self, client: OrchestratorClient) -> None:
         """Heartbeat, and adopt the policy the orchestrator announces."""

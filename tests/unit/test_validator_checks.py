@@ -11,7 +11,7 @@ import torch
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.policy.store import LoadedPolicy
-from prime_swarm.libs.rl.sampling import prefill
+from prime_swarm.libs.rl.sampling import prefill_at as prefill
 from prime_swarm.libs.toploc import ProofContext, build_proof
 from prime_swarm.protocol.messages import (
     Lease,
@@ -65,7 +65,9 @@ def run_all(
     checks.check_version(entry, current_version=4, async_level=2)
     checks.check_prompt(entry, vp)
     seqs = [(entry.submission.prompt_token_ids, c.token_ids) for c in entry.submission.completions]
-    return checks.check_completions(entry, vp, prefill(vp.model, seqs), 1e-3, 1e-6)
+    return checks.check_completions(
+        entry, vp, prefill(vp.model, seqs), checks.REPLAY_TOLERANCE, 1e-6
+    )
 
 
 def with_completion(entry: SubmittedRollout, i: int, **update: object) -> SubmittedRollout:
