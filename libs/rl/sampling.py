@@ -282,9 +282,10 @@ def generate_captured(
 ) -> list[list[CapturedCompletion]]:
     """Like `generate_batch`, at the pool's precision, keeping each step's final hidden state.
 
-    Sequences are left-aligned (right-padded) in one buffer that grows by one column per step,
-    the layout a validator's prefill uses, so each token's hidden state is
-    computed over the same key positions on both sides. The hidden state that produced token k is
+    Every forward runs on the canonical layout (see `canonical_forward`): sequences left-aligned
+    in a buffer as wide as the model's context, so each row's arithmetic is the same whatever
+    else shares the batch and however long the completion has grown; a validator's prefill on
+    the same layout reproduces the hidden state behind token k bit for bit. That hidden state is
     the one TOPLOC commits to: no second prefill is needed.
     """
     if len(prompts) != len(seeds):
@@ -298,7 +299,9 @@ def generate_captured(
         return [[] for _ in prompts]
     if int(lens.min()) == 0:
         raise ValueError("every prompt needs at least one token (the BOS)")
-    width = int(lens.max()) + max_new_tokens
+    width = model.config.block_size
+    if int(lens.max()) + max_new_tokens > width:
+        raise ValueError(f"prompt + {max_new_tokens} new tokens exceed the context of {width}")
     pad = model.config.pad_token_id
     ids = torch.full((n, width), pad, dtype=torch.long, device=device)
     attn = torch.zeros((n, width), dtype=torch.long, device=device)
@@ -315,8 +318,7 @@ def generate_captured(
     for pos in range(max_new_tokens):
         live = [i for i in range(n) if not done[i]]
         live_t = torch.tensor(live, device=device)
-        w = int(cur[live_t].max())
-        _, hidden = model(ids[live_t, :w], attention_mask=attn[live_t, :w])
+        _, hidden = model(ids[live_t], attention_mask=attn[live_t])
         last = hidden[torch.arange(len(live), device=device), cur[live_t] - 1]
         hid[live_t, pos] = last.to(torch.bfloat16)
         logits = head_logits(model, last)
@@ -345,6 +347,33 @@ def generate_captured(
     return [comps[p * group_size : (p + 1) * group_size] for p in range(len(prompts))]
 
 
+def canonical_forward(model: TinyGPT, sequences: Sequence[PromptCompletion]) -> torch.Tensor:
+    """Completion-aligned final hidden states ([N, L, C]) from one forward on the canonical
+    layout: right-padded to the model's full context (``block_size``), whatever the batch holds.
+
+    Measured on CPU (bench/toploc_bench.py): bf16 rows come out bit-identical across batch sizes,
+    batch compositions and thread counts, while the same rows padded to the batch's own width
+    differ by an ulp here and there (the attention reduction is blocked by width).
+    """
+    width = model.config.block_size
+    device = next(model.parameters()).device
+    n = len(sequences)
+    ids = torch.full((n, width), model.config.pad_token_id, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    for i, (p, c) in enumerate(sequences):
+        row = [*p, *c]
+        if not p or len(row) > width:
+            raise ValueError(f"sequence {i}: needs a prompt and at most {width} tokens")
+        ids[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+        attn[i, : len(row)] = 1
+    _, hidden = model(ids.to(device), attention_mask=attn.to(device))
+    n_comp = max(len(c) for _, c in sequences)
+    k = torch.arange(n_comp, device=device)
+    start = torch.tensor([len(p) - 1 for p, _ in sequences], device=device)
+    src = (start[:, None] + k[None, :]).clamp(max=width - 1)
+    return hidden.gather(1, src[:, :, None].expand(-1, -1, hidden.shape[-1]))
+
+
 @torch.no_grad()
 def prefill_at(
     model: TinyGPT, sequences: Sequence[PromptCompletion], precision: str = "bf16"
@@ -353,8 +382,7 @@ def prefill_at(
     if not sequences:
         return []
     model = cast_for_inference(model, precision)
-    _, hidden, _, _ = forward_completions(model, sequences)
-    hidden = hidden.to(torch.bfloat16)
+    hidden = canonical_forward(model, sequences).to(torch.bfloat16)
     logits = head_logits(model, hidden)
     return [
         PrefillOutput(logits[i, : len(c)], hidden[i, : len(c)])
@@ -365,6 +393,7 @@ def prefill_at(
 __all__ += [
     "PRECISIONS",
     "CapturedCompletion",
+    "canonical_forward",
     "cast_for_inference",
     "generate_captured",
     "head_logits",

@@ -19,11 +19,12 @@ from prime_swarm.protocol.messages import (
     VerifiedCompletion,
 )
 
-MIN_EXACT_FRACTION = 0.7
+MIN_EXACT_FRACTION = 0.9
 """Least share of a group's committed top-k values that a recomputation at the pool's precision
-(bf16) must reproduce bit for bit. Calibrated by bench/toploc_bench.py: honest bf16 groups under
-any batch size, thread count or batch composition reproduce >= 0.9 of them; the same tokens
-computed in fp32 or fp16 (then rounded to bf16) reproduce <= ~0.45."""
+(bf16, canonical layout) must reproduce bit for bit. Measured by bench/toploc_bench.py: honest
+bf16 groups reproduce all of them on the same kind of device under any batch size, thread count
+or batch composition; the same tokens computed in fp32 or fp16 (then rounded to bf16) reproduce
+about a third (never above ~0.6). 0.9 leaves room for kernel differences across devices."""
 
 
 REPLAY_TOLERANCE = 0.25

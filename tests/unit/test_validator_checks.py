@@ -153,3 +153,22 @@ def test_changed_token_with_a_rebuilt_proof_fails_the_sampling_replay(honest, po
     )
     forged = with_completion(honest, 0, token_ids=tokens, proof=build_proof(pre.hidden, ctx))
     assert rejected(forged, policy) in {"sampling_mismatch", "bad_termination"}
+
+
+def test_out_of_vocabulary_tokens_are_malformed_not_a_crash(honest, policy) -> None:  # noqa: ANN001
+    for bad in ([10**6], [-1], [3] * 200):
+        entry = with_completion(honest, 0, token_ids=bad)
+        with pytest.raises(checks.Rejection) as err:
+            checks.check_shapes(entry, policy)
+        assert err.value.reason == "malformed"
+
+
+def test_fp32_worker_fails_the_precision_fingerprint(honest, policy) -> None:  # noqa: ANN001
+    from prime_swarm.services.worker.rollout import answer_lease as answer
+    from prime_swarm.services.worker.torch_backend import TorchBackend
+
+    sub = answer(policy, honest.lease, backend=TorchBackend("fp32"))
+    entry = honest.model_copy(update={"submission": sub})
+    with pytest.raises(checks.Rejection) as err:
+        run_all(entry, policy)
+    assert err.value.reason == "bad_proof" and "precision" in err.value.detail
