@@ -38,7 +38,9 @@ class RLConfig(BaseModel):
     steps: int = Field(35, description="Trainer steps in the local run.")
     async_level: int = Field(2, description="Rollouts from policy v are used while v >= step-2.")
     replay_tol: float = Field(
-        1e-3, description="Gumbel replay tolerance on perturbed scores (float32 on CPU)."
+        0.02,
+        description="Gumbel replay tolerance on perturbed scores: honest decode and prefill "
+        "agree exactly on one device type; the slack covers cross-device kernel noise.",
     )
     eval_tasks: int = Field(200, description="Held-out tasks per evaluation (greedy).")
 
