@@ -22,6 +22,7 @@ from . import routes
 from .errors import NotAvailableError, ShardHashError
 from .fetch import ShardTask, fetch_all
 from .manifest import READ_CHUNK, check_layout
+from .rawhttp import RawHttp
 from .relays import RelayPool, as_pool
 from .verify import ShardVerifier
 
@@ -242,7 +243,7 @@ def download_version(
     progress: Progress | None = None,
     manifest: SignedManifest | None = None,
     overwrite: bool = False,
-    verify_files: bool = True,
+    verify_files: bool = False,
     http: httpx.Client | None = None,
     wait_s: float | None = None,
 ) -> Path:
@@ -254,6 +255,11 @@ def download_version(
     also has its own deadline, and a transfer cut off mid-shard resumes with a Range request.
     Relays are asked to hold a request up to `wait_s` (default: half of `timeout_s`) for a shard
     they are still receiving, so a version can be fetched while it travels down the tree.
+
+    Every shard is verified against the signed manifest as it arrives and `check_layout` has
+    checked that the shards tile each file exactly, so the installed files are exactly the signed
+    ones; `verify_files=True` re-hashes whole files on top (a second sha256 pass, for audits).
+    Without a caller-supplied `http`, shard bodies use the lean socket path of `rawhttp`.
     """
     if wait_s is None:
         wait_s = min(routes.MAX_WAIT_S, timeout_s / 2)
@@ -262,6 +268,7 @@ def download_version(
     deadline = time.monotonic() + deadline_s if deadline_s is not None else None
     own_http = http is None
     client = http or make_http_client(timeout_s, max_connections=max(8, 2 * max_workers))
+    raw = RawHttp(timeout_s, max_idle_per_host=max(8, max_workers)) if own_http else None
     try:
         if manifest is None:
             signed = fetch_manifest(pool, version, trusted_trainer, timeout_s, http=client)
@@ -288,6 +295,7 @@ def download_version(
                 progress,
                 timeout_s,
                 wait_s,
+                raw,
             )
             if verify_files:
                 _verify_files(signed, staging)
@@ -299,6 +307,8 @@ def download_version(
     finally:
         if own_http:
             client.close()
+        if raw is not None:
+            raw.close()
 
 
 def _download_into(
@@ -312,6 +322,7 @@ def _download_into(
     progress: Progress | None,
     timeout_s: float,
     wait_s: float,
+    raw: RawHttp | None,
 ) -> None:
     m = signed.manifest
     total = sum(f.size for f in m.files)
@@ -345,6 +356,7 @@ def _download_into(
             on_shard_done=shard_done,
             timeout_s=timeout_s,
             wait_s=wait_s,
+            raw=raw,
         )
     finally:
         for fd in fds.values():

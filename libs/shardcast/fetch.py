@@ -30,9 +30,9 @@ from prime_swarm.protocol.messages import FileEntry, ShardInfo
 
 from . import routes
 from .errors import IntegrityError, NotAvailableError, ShardcastError, ShardHashError
+from .rawhttp import RawHttp, RawResponse
 from .relays import RelayPool
 
-STREAM_CHUNK = 1024 * 1024
 # Pause between full rounds over every relay (e.g. all relays still pulling the version).
 BACKOFF_FIRST_S = 0.2
 BACKOFF_MAX_S = 2.0
@@ -90,6 +90,7 @@ def fetch_shard(
     sink: ShardSink,
     deadline: float | None = None,
     wait_s: float = 0.0,
+    raw: RawHttp | None = None,
 ) -> None:
     """GET one shard (or its missing tail) from one relay into `sink`, then commit it.
 
@@ -104,33 +105,80 @@ def fetch_shard(
     if 0 < start < size:
         headers["Range"] = f"bytes={start}-"
     params = {"wait": f"{wait_s:g}"} if wait_s > 0 else None
-    if start < size or size == 0:
+    if (start < size or size == 0) and raw is not None and raw.supports(url):
+        _fetch_raw(raw, url, task, sink, deadline, wait_s, headers, start)
+    elif start < size or size == 0:
         with http.stream("GET", url, headers=headers, params=params) as resp:
-            if resp.status_code in (404, 410):
-                raise _Missing(f"HTTP {resp.status_code}")
-            if resp.status_code == 206 and "Range" in headers:
-                m = _CONTENT_RANGE.match(resp.headers.get("content-range", ""))
-                if not m or int(m.group(1)) != start or m.group(3) not in (str(size), "*"):
-                    raise ShardHashError(
-                        f"Content-Range {resp.headers.get('content-range')!r} does not continue "
-                        f"at byte {start} of a {size}-byte shard"
-                    )
-                expected = size - start
-            elif resp.status_code == 200:
-                if start:
-                    sink.reset()  # the relay ignored the Range: take the whole shard again
-                expected = size
-            else:
-                raise _RelayFailed(f"HTTP {resp.status_code}")
+            expected = _expected_body(resp, size, start, "Range" in headers)
+            if resp.status_code == 200 and start:
+                sink.reset()  # the relay ignored the Range: take the whole shard again
             declared = resp.headers.get("content-length")
             if declared is not None and declared.strip() != str(expected):
                 raise ShardHashError(f"Content-Length {declared} but {expected} bytes are due")
-            for chunk in resp.iter_bytes(STREAM_CHUNK):
+            for chunk in resp.iter_bytes():  # as it arrives: a cut keeps every byte received
                 sink.write(chunk)
                 # httpx timeouts bound each read, not the transfer: a trickling relay needs this.
                 if deadline is not None and time.monotonic() > deadline:
                     raise _RelayFailed("transfer deadline passed mid-shard")
     sink.commit()
+
+
+def _expected_body(resp: RawResponse | httpx.Response, size: int, start: int, ranged: bool) -> int:
+    """Check a shard response's status and framing; return how many body bytes are due."""
+    status = resp.status if isinstance(resp, RawResponse) else resp.status_code
+    if status in (404, 410):
+        raise _Missing(f"HTTP {status}")
+    if status == 206 and ranged:
+        cr = resp.headers.get("content-range", "")
+        m = _CONTENT_RANGE.match(cr)
+        if not m or int(m.group(1)) != start or m.group(3) not in (str(size), "*"):
+            raise ShardHashError(
+                f"Content-Range {cr!r} does not continue at byte {start} of a {size}-byte shard"
+            )
+        return size - start
+    if status == 200:
+        return size
+    raise _RelayFailed(f"HTTP {status}")
+
+
+def _fetch_raw(
+    raw: RawHttp,
+    url: str,
+    task: ShardTask,
+    sink: ShardSink,
+    deadline: float | None,
+    wait_s: float,
+    headers: dict[str, str],
+    start: int,
+) -> None:
+    size = task.shard.size
+    if wait_s > 0:
+        url += f"?wait={wait_s:g}"
+
+    def on_response(resp: RawResponse) -> int | None:
+        expected = _expected_body(resp, size, start, "Range" in headers)
+        if resp.headers.get("transfer-encoding") or resp.headers.get(
+            "content-encoding", "identity"
+        ) not in ("identity", ""):
+            raise _RelayFailed("unexpected transfer or content encoding")
+        declared = resp.headers.get("content-length")
+        if declared is None:
+            raise _RelayFailed("shard response without Content-Length")
+        if declared != str(expected):
+            raise ShardHashError(f"Content-Length {declared} but {expected} bytes are due")
+        if expected == size and start:
+            sink.reset()  # the relay ignored the Range: take the whole shard again
+        return expected
+
+    def on_chunk(chunk: memoryview) -> None:
+        sink.write(chunk)  # type: ignore[arg-type]
+        if deadline is not None and time.monotonic() > deadline:
+            raise _RelayFailed("transfer deadline passed mid-shard")
+
+    try:
+        raw.get(url, headers, on_response, on_chunk, read_timeout_s=raw.timeout_s + wait_s)
+    except OSError as exc:  # socket errors, timeouts and RawHttpError
+        raise _RelayFailed(f"{type(exc).__name__}: {exc}") from exc
 
 
 def fetch_all(
@@ -147,6 +195,7 @@ def fetch_all(
     stop: threading.Event | None = None,
     timeout_s: float = 10.0,
     wait_s: float = 0.0,
+    raw: RawHttp | None = None,
 ) -> None:
     """Fetch every task; raise NotAvailableError as soon as one shard exhausts its budget.
 
@@ -177,6 +226,7 @@ def fetch_all(
                 cancelled,
                 timeout_s,
                 wait_s,
+                raw,
             )
         except BaseException:
             failed.set()
@@ -208,6 +258,7 @@ def _fetch_with_retries(
     cancelled: Callable[[], bool],
     timeout_s: float,
     wait_s: float,
+    raw: RawHttp | None,
 ) -> None:
     tried: set[str] = set()
     rounds = 0
@@ -245,7 +296,7 @@ def _fetch_with_retries(
                 if before == 0:
                     sources.clear()
                 sources.add(relay)
-                fetch_shard(http, relay, version, task, sink, limit, wait_s)
+                fetch_shard(http, relay, version, task, sink, limit, wait_s, raw)
             except IntegrityError as exc:
                 if sources == {relay}:
                     pool.demote(relay, f"{task.file.name}#{task.shard.index}: {exc}")

@@ -37,6 +37,14 @@ def check_layout(manifest: Manifest) -> None:
         if f.name in seen:
             raise ManifestLayoutError(f"file {f.name!r} is listed twice")
         seen.add(f.name)
+        # The shards must tile the file exactly: then verified shards make a verified file.
+        offset = 0
+        for i, s in enumerate(f.shards):
+            if s.index != i or s.offset != offset or s.size == 0:
+                raise ManifestLayoutError(f"file {f.name!r}: shard {i} breaks the tiling")
+            offset += s.size
+        if offset != f.size:
+            raise ManifestLayoutError(f"file {f.name!r}: shards cover {offset} of {f.size} bytes")
 
 
 def find_file(manifest: Manifest, name: str) -> FileEntry | None:

@@ -19,6 +19,7 @@ from . import routes
 from .client import fetch_manifest, list_versions, make_http_client
 from .errors import NotAvailableError, ShardcastError
 from .fetch import ShardTask, fetch_all
+from .rawhttp import RawHttp
 from .relays import RelayPool
 from .store import VersionConflictError, VersionStore
 
@@ -53,9 +54,11 @@ class ParentSync:
         self.cut_through = cut_through
         self.wait_s = min(routes.MAX_WAIT_S, max(1.0, timeout_s / 2)) if cut_through else 0.0
         self.http = make_http_client(timeout_s, max_connections=max(8, 2 * max_workers))
+        self.raw = RawHttp(timeout_s, max_idle_per_host=max(8, max_workers))
 
     def close(self) -> None:
         self.http.close()
+        self.raw.close()
 
     def upstream_versions(self) -> set[int]:
         """Versions some parent lists: complete ones, and (cut-through) ones still arriving."""
@@ -121,6 +124,7 @@ class ParentSync:
             stop=self.stop,
             timeout_s=self.timeout_s,
             wait_s=self.wait_s,
+            raw=self.raw,
         )
         done = self.store.mark_complete(version)
         if done:

@@ -6,18 +6,16 @@ import argparse
 import logging
 import sys
 
-import uvicorn
 from pydantic import ValidationError
 
-from prime_swarm.libs.observability.logs import setup_logging
-
-from .app import create_app
+from . import fetch_cli
 from .settings import RelaySettings
 
 USAGE = """examples:
   prime-relay origin --port 8700 --data-dir /data/origin --trainer 0xTRAINER
   prime-relay relay  --port 8701 --data-dir /data/relay1 --parent http://127.0.0.1:8700 \\
                      --trainer 0xTRAINER
+  prime-relay fetch  --relay http://127.0.0.1:8701 --trainer 0xTRAINER --version 3 --out model/
 Every flag may also come from PRIME_RELAY_<FIELD> (e.g. PRIME_RELAY_KEEP_VERSIONS=4)."""
 
 
@@ -64,17 +62,28 @@ def build_parser() -> argparse.ArgumentParser:
             )
             p.add_argument("--poll-interval", dest="poll_interval_s", type=float, default=None)
             p.add_argument("--pull-workers", dest="pull_workers", type=int, default=None)
+    fetch_cli.add_parser(modes)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = vars(build_parser().parse_args(argv))
+    ns = build_parser().parse_args(argv)
+    if ns.mode == "fetch":
+        return fetch_cli.run(ns)
+    args = vars(ns)
     overrides = {k: v for k, v in args.items() if v is not None}
     try:
         settings = RelaySettings(**overrides)
     except ValidationError as exc:
         print(f"prime-relay: invalid settings:\n{exc}", file=sys.stderr)
         return 2
+    # Imported here: `fetch` is a client and should start fast without the server stack.
+    import uvicorn
+
+    from prime_swarm.libs.observability.logs import setup_logging
+
+    from .app import create_app
+
     setup_logging("relay", settings.log_level, mode=settings.mode, port=settings.port)
     logging.getLogger(__name__).info("starting", extra={"host": settings.host})
     uvicorn.run(

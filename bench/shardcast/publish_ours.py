@@ -1,0 +1,35 @@
+"""The trainer's side for the benchmark: sign and upload one checkpoint to our origin.
+
+publish_ours.py --origin URL --model-dir DIR --version 1   (key in SC_BENCH_KEY)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from eth_account import Account
+
+from prime_swarm.libs.shardcast import publish_version
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--origin", required=True)
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--version", type=int, default=1)
+    p.add_argument("--shard-size", type=int, default=16 * 1024 * 1024)
+    args = p.parse_args()
+    account = Account.from_key(os.environ["SC_BENCH_KEY"])
+    started = time.monotonic()
+    publish_version(
+        args.origin, args.model_dir, args.version, None, account, args.shard_size, timeout=60.0
+    )
+    print(f"published in {time.monotonic() - started:.2f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""SHARDCAST under faults, with real `prime-relay` processes on free 127.0.0.1 ports.
+
+Cut-through (a relay serves verified shards of a version it is still pulling), a relay killed
+mid-broadcast, several parents, the `?wait=` bound, and the `prime-relay fetch` command.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+
+from prime_swarm.libs.shardcast import (
+    RelayPool,
+    build_manifest,
+    download_version,
+    publish_version,
+    wait_for_manifest,
+    wait_for_version,
+)
+from prime_swarm.libs.shardcast.manifest import iter_shard_bytes
+from prime_swarm.protocol.manifest_signing import sign_manifest
+
+SHARD = 64 * 1024
+WEIGHTS = 2 * 1024 * 1024 + 777
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, args: list[str], data_dir: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.data_dir = data_dir
+        self.log_path = data_dir.with_suffix(".log")
+        self._log = open(self.log_path, "wb")
+        cmd = [sys.executable, "-m", "prime_swarm.services.relay", args[0]]
+        cmd += ["--port", str(self.port), "--data-dir", str(data_dir), *args[1:]]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_healthy(self, timeout_s: float = 20.0) -> Server:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"server not healthy: {self.log_path.read_text()}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture()
+def trainer() -> LocalAccount:
+    return Account.create()
+
+
+@pytest.fixture()
+def servers(tmp_path: Path) -> Iterator[list[Server]]:
+    started: list[Server] = []
+    yield started
+    for s in started:
+        s.stop()
+
+
+def _model(root: Path, name: str, weights: int = WEIGHTS) -> Path:
+    d = root / name
+    d.mkdir()
+    (d / "config.json").write_text('{"model_type": "tiny"}')
+    (d / "model.safetensors").write_bytes(os.urandom(weights))
+    return d
+
+
+def _origin(tmp_path: Path, trainer: LocalAccount, started: list[Server]) -> Server:
+    s = Server(["origin", "--trainer", trainer.address], tmp_path / "origin")
+    started.append(s)
+    return s.wait_healthy()
+
+
+def _relay(
+    tmp_path: Path, name: str, parents: list[str], trainer: LocalAccount, started: list[Server]
+) -> Server:
+    args = ["relay", "--trainer", trainer.address, "--poll-interval", "0.05", "--timeout", "4"]
+    for p in parents:
+        args += ["--parent", p]
+    s = Server(args, tmp_path / name)
+    started.append(s)
+    return s.wait_healthy()
+
+
+def _same(a: Path, b: Path) -> bool:
+    return all((a / n).read_bytes() == (b / n).read_bytes() for n in os.listdir(a))
+
+
+def test_relay_serves_verified_shards_while_still_pulling(
+    tmp_path: Path, trainer: LocalAccount, servers: list[Server]
+) -> None:
+    """Cut-through, two levels deep: shard 0 flows origin -> A -> B before shard 1 exists."""
+    origin = _origin(tmp_path, trainer, servers)
+    a = _relay(tmp_path, "relay_a", [origin.url], trainer, servers)
+    b = _relay(tmp_path, "relay_b", [a.url, origin.url], trainer, servers)  # several parents
+    model = _model(tmp_path, "m")
+    signed = sign_manifest(build_manifest(model, 1, None, SHARD, trainer.address), trainer)
+    f = next(f for f in signed.manifest.files if f.name == "model.safetensors")
+    r = httpx.put(f"{origin.url}/v1/versions/1/manifest", content=signed.model_dump_json())
+    assert r.status_code == 200
+
+    def put(i: int) -> None:
+        body = b"".join(iter_shard_bytes(model / f.name, f.shards[i]))
+        url = f"{origin.url}/v1/versions/1/files/{f.name}/shards/{i}"
+        assert httpx.put(url, content=body).status_code == 200
+
+    put(0)
+    shard0 = f"{b.url}/v1/versions/1/files/{f.name}/shards/0"
+    got = httpx.get(shard0, params={"wait": 10}, timeout=15)
+    assert got.status_code == 200
+    assert got.content == b"".join(iter_shard_bytes(model / f.name, f.shards[0]))
+    assert httpx.get(f"{b.url}/v1/versions/partial").json()["versions"] == [1]
+    assert httpx.get(f"{b.url}/v1/versions").json()["versions"] == []
+    # Shard 1 is not anywhere yet: a bounded wait ends in 404, not a hang.
+    shard1 = f"{b.url}/v1/versions/1/files/{f.name}/shards/1"
+    t = time.monotonic()
+    assert httpx.get(shard1, params={"wait": 0.3}, timeout=10).status_code == 404
+    assert time.monotonic() - t < 5
+    # A waiting request is answered as soon as the shard has come down the tree.
+    timer = threading.Timer(0.3, put, args=(1,))
+    timer.start()
+    try:
+        assert httpx.get(shard1, params={"wait": 10}, timeout=15).status_code == 200
+    finally:
+        timer.join()
+    for i in range(2, len(f.shards)):
+        put(i)
+    for name in ("config.json",):
+        entry = next(x for x in signed.manifest.files if x.name == name)
+        for s in entry.shards:
+            body = b"".join(iter_shard_bytes(model / name, s))
+            httpx.put(f"{origin.url}/v1/versions/1/files/{name}/shards/{s.index}", content=body)
+    wait_for_version(b.url, 1, timeout_s=20)
+    out = download_version([b.url], 1, tmp_path / "out", trainer.address, timeout_s=5)
+    assert _same(model, out)
+
+
+def test_relay_killed_mid_broadcast_clients_finish_from_the_other(
+    tmp_path: Path, trainer: LocalAccount, servers: list[Server]
+) -> None:
+    origin = _origin(tmp_path, trainer, servers)
+    a = _relay(tmp_path, "relay_a", [origin.url], trainer, servers)
+    b = _relay(tmp_path, "relay_b", [origin.url], trainer, servers)
+    model = _model(tmp_path, "m", weights=4 * 1024 * 1024)
+    publisher = threading.Thread(
+        target=publish_version, args=(origin.url, model, 1, None, trainer, SHARD, 10.0)
+    )
+    publisher.start()
+    try:
+        pool = RelayPool([a.url, b.url])
+        signed = wait_for_manifest(pool, 1, trainer.address, wait_s=20, timeout_s=2)
+        killed = threading.Event()
+
+        def progress(done: int, total: int) -> None:
+            if not killed.is_set() and done > 0:
+                killed.set()
+                a.kill()  # while the version is still being published and pulled
+
+        out = download_version(
+            pool,
+            1,
+            tmp_path / "out",
+            trainer.address,
+            timeout_s=2,
+            manifest=signed,
+            progress=progress,
+            max_workers=4,
+            deadline_s=60,
+        )
+    finally:
+        publisher.join()
+    assert killed.is_set() and a.proc.poll() is not None
+    assert _same(model, out)
+    report = pool.report()
+    assert report[b.url]["shards_ok"] > 0
+    assert not pool.demoted
+
+
+def test_wait_is_bounded_and_partial_listing_of_unknown_is_empty(
+    tmp_path: Path, trainer: LocalAccount, servers: list[Server]
+) -> None:
+    origin = _origin(tmp_path, trainer, servers)
+    assert httpx.get(f"{origin.url}/v1/versions/partial").json() == {
+        "protocol_version": httpx.get(f"{origin.url}/v1/versions").json()["protocol_version"],
+        "versions": [],
+        "latest": None,
+    }
+    url = f"{origin.url}/v1/versions/1/files/model.safetensors/shards/0"
+    for wait in ("31", "-1", "abc", "1e9"):
+        assert httpx.get(url, params={"wait": wait}).status_code == 422, wait
+    assert httpx.get(url, params={"wait": "0.1"}).status_code == 404
+
+
+def test_fetch_command_shows_progress_and_refuses_forged_relay(
+    tmp_path: Path, trainer: LocalAccount, servers: list[Server]
+) -> None:
+    origin = _origin(tmp_path, trainer, servers)
+    model = _model(tmp_path, "m", weights=300_000)
+    publish_version(origin.url, model, 3, 2, trainer, SHARD, 10.0)
+    cmd = [sys.executable, "-m", "prime_swarm.services.relay", "fetch", "--trainer"]
+    ok = subprocess.run(
+        [*cmd, trainer.address, "--relay", origin.url, "--version", "3"]
+        + ["--out", str(tmp_path / "out"), "--wait", "5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "100.0%" in ok.stderr and _same(model, tmp_path / "out")
+    # Same relay, but the client trusts another trainer: the manifest is rejected, nothing lands.
+    bad = subprocess.run(
+        [*cmd, Account.create().address, "--relay", origin.url, "--version", "3"]
+        + ["--out", str(tmp_path / "out2"), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 1 and "demoted" in bad.stderr
+    assert not (tmp_path / "out2").exists()
+    # An evicted or unknown version is a clear error.
+    gone = subprocess.run(
+        [*cmd, trainer.address, "--relay", origin.url, "--version", "9"]
+        + ["--out", str(tmp_path / "out3"), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert gone.returncode == 1 and "not held" in gone.stderr
