@@ -13,7 +13,7 @@ TORCH_INDEX ?=
 ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup up test test-all bench bench-rl bench-toploc lint fmt clean
+.PHONY: setup up test test-all bench bench-rl bench-toploc bench-shardcast lint fmt clean
 
 setup: $(VENV)/.installed $(ANVIL) redis
 
@@ -43,7 +43,7 @@ test: setup
 test-all: setup
 	$(PY) -m pytest -q
 
-bench: setup bench-rl bench-toploc
+bench: setup bench-rl bench-toploc bench-shardcast
 
 bench-rl:
 	$(PY) bench/rl_offline.py
@@ -69,3 +69,9 @@ fmt: setup
 
 clean:
 	rm -rf $(VENV) .tools/node_modules .cache runs
+
+# Ours vs PyPI shardcast 0.3.2 (own venv in bench/.venv-shardcast-ref), 512 MiB, origin -> 2
+# relays -> 8 clients on loopback, plus a tc-shaped namespace run where the machine allows it
+# (root). Writes bench/results/shardcast.json; needs wget for the reference clients.
+bench-shardcast: setup
+	$(PY) bench/shardcast_bench.py
