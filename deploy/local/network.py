@@ -94,6 +94,8 @@ class LocalNetwork:
             self._fund(w, 5 * 10**18)
         t.workers = [w.address for w in workers]
 
+        # Relays keep every version whose rollouts can still be admitted, plus the one in flight.
+        keep = self.s.async_level + 2
         origin_port, relay_port = free_port(), free_port()
         t.origin_url = f"http://127.0.0.1:{origin_port}"
         t.relay_url = f"http://127.0.0.1:{relay_port}"
@@ -108,6 +110,8 @@ class LocalNetwork:
                 str(self.run_dir / "origin"),
                 "--trainer",
                 trainer.address,
+                "--keep-versions",
+                str(keep),
             ],
         ).wait_http(f"{t.origin_url}/healthz")
         self._spawn(
@@ -123,6 +127,8 @@ class LocalNetwork:
                 t.origin_url,
                 "--trainer",
                 trainer.address,
+                "--keep-versions",
+                str(keep),
             ],
         ).wait_http(f"{t.relay_url}/healthz")
 
