@@ -41,7 +41,12 @@ from prime_swarm.libs.rl.sampling import (
     prefill_at,
 )
 from prime_swarm.libs.rl.sft import warm_start
-from prime_swarm.libs.toploc import ProofContext, build_proofs_batch, verify_proofs_batch
+from prime_swarm.libs.toploc import (
+    ProofContext,
+    build_proofs_batch,
+    group_contexts,
+    verify_proofs_batch,
+)
 from prime_swarm.protocol.messages import (
     CompletionSample,
     Lease,
@@ -158,10 +163,9 @@ def submit(
 ) -> tuple[SubmittedRollout, float]:
     """Proofs over the captured hidden states, bound to the claimed policy; claims rewards."""
     lease = gen.lease
-    ctxs = [
-        ProofContext(claimed.model_hash, lease.lease_id, i, c.token_ids)
-        for i, c in enumerate(gen.completions)
-    ]
+    ctxs = group_contexts(
+        claimed.model_hash, lease.lease_id, [c.token_ids for c in gen.completions]
+    )
     t0 = time.perf_counter()
     proofs = build_proofs_batch(hiddens or [c.hidden for c in gen.completions], ctxs)
     dt = time.perf_counter() - t0
@@ -255,10 +259,9 @@ class Validator:
     def _stats(e: SubmittedRollout, policy: LoadedPolicy, mine: list) -> dict:
         """The margins an honest group keeps: exact fraction and worst replay gap."""
         sub, lease = e.submission, e.lease
-        ctxs = [
-            ProofContext(policy.model_hash, lease.lease_id, i, c.token_ids)
-            for i, c in enumerate(sub.completions)
-        ]
+        ctxs = group_contexts(
+            policy.model_hash, lease.lease_id, [c.token_ids for c in sub.completions]
+        )
         res = verify_proofs_batch(
             [m.hidden for m in mine], [c.proof for c in sub.completions], ctxs
         )

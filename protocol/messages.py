@@ -268,3 +268,24 @@ class VerifiedRollout(Versioned):
     prompt_token_ids: list[int]
     completions: list[VerifiedCompletion]
     verdict: Verdict
+
+
+# ---------------------------------------------------------------- trainer -> launcher / operators
+
+
+class StepProgress(Message):
+    """One line of the trainer's progress file, one per optimizer step."""
+
+    step: int
+    version: int
+    mean_reward: float
+    groups: int
+    policy_lag_mean: float
+    policy_lag_max: int
+    stale_dropped: int
+    accepted_total: int
+    rejected_total: int
+    loss: float
+    clip_frac: float
+    seconds: float
+    wall: float

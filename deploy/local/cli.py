@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from prime_swarm.libs.localnet.process import ProcessFailed
+from prime_swarm.protocol.messages import StepProgress
 
 from .settings import LocalNetworkSettings
 
@@ -57,12 +58,12 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
         say(f"{'step':>4} {'reward':>7} {'accepted':>8} {'rejected':>8} {'lag':>5} {'s/step':>6}")
         last = [time.time()]
 
-        def on_step(row: object) -> None:
+        def on_step(row: StepProgress) -> None:
             now = time.time()
             say(
-                f"{row.step:>4} {row.mean_reward:>7.3f} {row.accepted_total:>8} "  # type: ignore[attr-defined]
+                f"{row.step:>4} {row.mean_reward:>7.3f} {row.accepted_total:>8} "
                 f"{row.rejected_total:>8} {row.policy_lag_mean:>5.2f} {now - last[0]:>6.1f}"
-            )  # type: ignore[attr-defined]
+            )
             last[0] = now
 
         rows = net.follow(on_step, s.timeout_s)

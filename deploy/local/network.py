@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +24,7 @@ from prime_swarm.libs.localnet.process import ManagedProcess, ProcessFailed
 from prime_swarm.libs.localnet.redis_server import RedisServer
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.keys import write_key
-from prime_swarm.protocol.messages import Verdict
+from prime_swarm.protocol.messages import StepProgress, Verdict
 from prime_swarm.services.trainer import progress
 
 from .settings import LocalNetworkSettings
@@ -223,7 +224,9 @@ class LocalNetwork:
         w3.provider.make_request("anvil_setBalance", [account.address, hex(wei)])
 
     # ------------------------------------------------------------------ watch
-    def follow(self, on_step: callable, timeout_s: float) -> list[progress.StepProgress]:  # type: ignore[valid-type]
+    def follow(
+        self, on_step: Callable[[StepProgress], None], timeout_s: float
+    ) -> list[StepProgress]:
         """Report each new trainer step until the trainer exits; fail fast if a service dies."""
         deadline = time.monotonic() + timeout_s
         seen = 0

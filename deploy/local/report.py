@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prime_swarm.services.trainer.progress import StepProgress
+from prime_swarm.protocol.messages import StepProgress
 
 
 def write_summary(run_dir: Path, summary: dict[str, object]) -> Path:

@@ -69,7 +69,18 @@ class ManagedProcess:
             lambda: httpx.get(url, timeout=1.0).status_code == 200, timeout_s, f"serving {url}"
         )
 
+    def kill(self) -> None:
+        """SIGKILL, no chance to clean up: how a crashed machine looks to its peers."""
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(5)
+
     def stop(self, timeout_s: float = 10.0) -> int | None:
+        if self._log.closed:
+            return self.proc.returncode
         if self.alive():
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)

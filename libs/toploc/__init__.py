@@ -8,7 +8,7 @@ Public API::
 """
 
 from .codec import HEADER_BYTES, ProofFormatError
-from .context import ProofContext
+from .context import ProofContext, group_contexts
 from .proof import (
     CHUNK_SIZE,
     TOPK,
@@ -25,6 +25,7 @@ __all__ = [
     "TOPK",
     "ChunkStats",
     "ProofContext",
+    "group_contexts",
     "ProofFormatError",
     "Thresholds",
     "VerifyResult",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,6 +54,17 @@ class ProofContext:
             raise ValueError("token ids must fit in uint32")
         h.update(ids.astype("<u4").tobytes())
         return h.digest()
+
+
+def group_contexts(
+    model_hash: str, lease_id: str, completions: Sequence[Sequence[int]]
+) -> list[ProofContext]:
+    """The contexts of a lease's group, completion i at sample index i: the worker proves and the
+    validator verifies with exactly these, so both sides build them here."""
+    return [
+        ProofContext(model_hash=model_hash, lease_id=lease_id, sample_index=i, token_ids=list(t))
+        for i, t in enumerate(completions)
+    ]
 
 
 def _splitmix64(z: np.ndarray) -> np.ndarray:

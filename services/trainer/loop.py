@@ -18,7 +18,7 @@ from prime_swarm.libs.shardcast.publish import publish_version
 from prime_swarm.libs.shardcast.routes import manifest_path
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
 from prime_swarm.protocol import streams
-from prime_swarm.protocol.messages import PolicyAnnouncement, VerifiedRollout
+from prime_swarm.protocol.messages import PolicyAnnouncement, StepProgress, VerifiedRollout
 
 from . import metrics, progress
 from .settings import TrainerSettings
@@ -153,7 +153,7 @@ class Trainer:
                     ids.append(e.entry_id)
         return batch, ids
 
-    def train_step(self) -> progress.StepProgress:
+    def train_step(self) -> StepProgress:
         batch, ids = self.collect()
         t0 = time.time()
         groups = [
@@ -179,7 +179,7 @@ class Trainer:
         pipe.sadd(TRAINED, *[r.submission_id for r in batch])
         pipe.xack(streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP, *ids)
         pipe.execute()
-        row = progress.StepProgress(
+        row = StepProgress(
             step=self.step,
             version=self.step,
             mean_reward=sum(rewards) / len(rewards),

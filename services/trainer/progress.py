@@ -1,4 +1,5 @@
-"""One JSON line per trainer step: what the launcher prints and plots."""
+"""One JSON line per trainer step (`protocol.messages.StepProgress`): what the launcher prints
+and plots. Appended whole and fsynced, so a reader never sees half a line."""
 
 from __future__ import annotations
 
@@ -6,23 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from pydantic import BaseModel
-
-
-class StepProgress(BaseModel):
-    step: int
-    version: int
-    mean_reward: float
-    groups: int
-    policy_lag_mean: float
-    policy_lag_max: int
-    stale_dropped: int
-    accepted_total: int
-    rejected_total: int
-    loss: float
-    clip_frac: float
-    seconds: float
-    wall: float
+from prime_swarm.protocol.messages import StepProgress
 
 
 def append(path: Path | None, row: StepProgress) -> None:

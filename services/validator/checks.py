@@ -12,8 +12,13 @@ from prime_swarm.libs.model.tokenizer import decode, encode
 from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rl.defaults import RL
 from prime_swarm.libs.rl.envs import get_env
-from prime_swarm.libs.rl.sampling import PrefillOutput, completion_logprobs, replay_check
-from prime_swarm.libs.toploc import ProofContext, exact_fraction, verify_proofs_batch
+from prime_swarm.libs.rl.sampling import (
+    PrefillOutput,
+    completion_logprobs,
+    replay_check,
+    termination_ok,
+)
+from prime_swarm.libs.toploc import exact_fraction, group_contexts, verify_proofs_batch
 from prime_swarm.protocol.messages import (
     RejectReason,
     SubmittedRollout,
@@ -100,15 +105,9 @@ def check_completions(
     eos = policy.model.config.eos_token_id
     env = get_env(lease.env)
     task = env.task_from_id(lease.task_id)
-    contexts = [
-        ProofContext(
-            model_hash=policy.model_hash,
-            lease_id=lease.lease_id,
-            sample_index=i,
-            token_ids=c.token_ids,
-        )
-        for i, c in enumerate(sub.completions)
-    ]
+    contexts = group_contexts(
+        policy.model_hash, lease.lease_id, [c.token_ids for c in sub.completions]
+    )
     results = verify_proofs_batch(
         [pre.hidden for pre in prefilled], [c.proof for c in sub.completions], contexts
     )
@@ -131,15 +130,12 @@ def check_completions(
             raise Rejection(
                 "sampling_mismatch", f"completion {i}: token {bad_pos} is not the seeded choice"
             )
-        if eos in c.token_ids[:-1]:
-            raise Rejection("bad_termination", f"completion {i} continues after EOS")
-        ended_eos = c.token_ids[-1] == eos
-        if c.finish_reason == "eos" and not ended_eos:
-            raise Rejection("bad_termination", f"completion {i} claims EOS but does not end in it")
-        if c.finish_reason == "length" and (
-            ended_eos or len(c.token_ids) != lease.sampling.max_new_tokens
-        ):
-            raise Rejection("bad_termination", f"completion {i} stopped early without EOS")
+        if not termination_ok(c.token_ids, c.finish_reason, eos, lease.sampling.max_new_tokens):
+            raise Rejection(
+                "bad_termination",
+                f"completion {i} ({c.finish_reason}) does not stop at its first EOS or at "
+                f"max_new_tokens={lease.sampling.max_new_tokens}",
+            )
         reward = env.reward(task, decode(policy.tokenizer, c.token_ids))
         if c.claimed_reward is not None and abs(c.claimed_reward - reward) > reward_tolerance:
             raise Rejection(

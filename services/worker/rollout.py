@@ -12,7 +12,7 @@ from prime_swarm.libs.model.tokenizer import decode, encode
 from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rl.sampling import CapturedCompletion
-from prime_swarm.libs.toploc import ProofContext, build_proofs_batch
+from prime_swarm.libs.toploc import ProofContext, build_proofs_batch, group_contexts
 from prime_swarm.protocol.messages import CompletionSample, Lease, RolloutSubmission
 
 from .torch_backend import TorchBackend
@@ -122,15 +122,7 @@ def start_lease(
         eos_id=model.config.eos_token_id,
     )[0]
     builder.timer.add(gen=time.perf_counter() - t0)
-    contexts = [
-        ProofContext(
-            model_hash=policy.model_hash,
-            lease_id=lease.lease_id,
-            sample_index=i,
-            token_ids=c.token_ids,
-        )
-        for i, c in enumerate(completions)
-    ]
+    contexts = group_contexts(policy.model_hash, lease.lease_id, [c.token_ids for c in completions])
     future = builder.submit([c.hidden for c in completions], contexts)
     rewards = [env.reward(task, decode(tok, c.token_ids)) for c in completions]
     return PendingSubmission(lease, policy.version, prompt_ids, completions, rewards, future)

@@ -7,8 +7,6 @@ mid-broadcast, several parents, the `?wait=` bound, and the `prime-relay fetch` 
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +19,7 @@ import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
+from prime_swarm.libs.localnet.relay import RelayProcess
 from prime_swarm.libs.shardcast import (
     RelayPool,
     build_manifest,
@@ -36,50 +35,7 @@ SHARD = 64 * 1024
 WEIGHTS = 2 * 1024 * 1024 + 777
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, args: list[str], data_dir: Path) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.data_dir = data_dir
-        self.log_path = data_dir.with_suffix(".log")
-        self._log = open(self.log_path, "wb")
-        cmd = [sys.executable, "-m", "prime_swarm.services.relay", args[0]]
-        cmd += ["--port", str(self.port), "--data-dir", str(data_dir), *args[1:]]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def wait_healthy(self, timeout_s: float = 20.0) -> Server:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log_path.read_text()}")
-            try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"server not healthy: {self.log_path.read_text()}")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+Server = RelayProcess
 
 
 @pytest.fixture()

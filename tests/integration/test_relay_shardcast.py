@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +16,8 @@ import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
+from prime_swarm.libs.localnet.ports import free_port
+from prime_swarm.libs.localnet.relay import RelayProcess
 from prime_swarm.libs.shardcast import (
     NotAvailableError,
     RelayPool,
@@ -35,53 +34,7 @@ SHARD = 256 * 1024
 WEIGHTS = 4 * 1024 * 1024 + 12345  # a ragged last shard
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, args: list[str], data_dir: Path, log_path: Path) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.data_dir = data_dir
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        cmd = [
-            sys.executable,
-            "-m",
-            "prime_swarm.services.relay",
-            args[0],
-            "--port",
-            str(self.port),
-            "--data-dir",
-            str(data_dir),
-            *args[1:],
-        ]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def wait_healthy(self, timeout_s: float = 20.0) -> Server:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log_path.read_text()}")
-            try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"server not healthy: {self.log_path.read_text()}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
+Server = RelayProcess
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +70,6 @@ def servers(work: Path, trainer: LocalAccount) -> Iterator[dict[str, Server]]:
         origin = Server(
             ["origin", "--trainer", trainer.address, "--keep-versions", "2"],
             work / "origin",
-            work / "origin.log",
         )
         started["origin"] = origin
         for name in ("relay_a", "relay_b"):
@@ -134,7 +86,6 @@ def servers(work: Path, trainer: LocalAccount) -> Iterator[dict[str, Server]]:
                     "2",
                 ],
                 work / name,
-                work / f"{name}.log",
             )
         for s in started.values():
             s.wait_healthy()
@@ -258,7 +209,7 @@ def test_origin_refuses_forged_and_bad_uploads(
 
 def test_client_refuses_manifest_from_wrong_signer(work: Path, trainer: LocalAccount) -> None:
     forger = Account.create()
-    rogue = Server(["origin", "--trainer", forger.address], work / "rogue", work / "rogue.log")
+    rogue = Server(["origin", "--trainer", forger.address], work / "rogue")
     try:
         rogue.wait_healthy()
         publish_version(rogue.url, _model(work, "rogue_model", 50_000), 1, 0, forger, SHARD, 10.0)
@@ -283,7 +234,7 @@ def test_corrupt_relay_is_detected_and_dead_relay_skipped(
         raw = bytearray(shard_file.read_bytes())
         raw[len(raw) // 2] ^= 0xFF
         shard_file.write_bytes(bytes(raw))
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     pool = RelayPool([dead, bad.url, good.url])
     out = download_version(pool, 1, work / "dl_v1_mixed", trainer.address, timeout_s=3)
     assert _same_tree(model, out)

@@ -4,16 +4,14 @@ trains on any twice."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import redis
 from eth_account import Account
 
-from prime_swarm.libs.localnet.ports import free_port
-from prime_swarm.libs.localnet.process import ManagedProcess
 from prime_swarm.libs.localnet.redis_server import RedisServer
+from prime_swarm.libs.localnet.relay import RelayProcess
 from prime_swarm.libs.model.build import build_tiny_model
 from prime_swarm.libs.model.io import load_pretrained
 from prime_swarm.libs.rl.sampling import completion_logprobs, generate, prefill
@@ -79,26 +77,9 @@ def make_groups(model_dir: Path, n: int) -> list[VerifiedRollout]:
 @pytest.fixture
 def origin(tmp_path: Path):  # noqa: ANN201
     trainer = Account.create()
-    port = free_port()
-    proc = ManagedProcess(
-        "origin",
-        [
-            sys.executable,
-            "-m",
-            "prime_swarm.services.relay",
-            "origin",
-            "--port",
-            str(port),
-            "--data-dir",
-            str(tmp_path / "origin"),
-            "--trainer",
-            trainer.address,
-        ],
-        tmp_path / "logs",
-    )
+    proc = RelayProcess(["origin", "--trainer", trainer.address], tmp_path / "origin")
     try:
-        proc.wait_http(f"http://127.0.0.1:{port}/healthz")
-        yield trainer, f"http://127.0.0.1:{port}"
+        yield trainer, proc.wait_healthy().url
     finally:
         proc.stop()
 
