@@ -24,25 +24,25 @@ import time
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer
 
 from prime_swarm.libs.model.build import build_tiny_model
-from prime_swarm.libs.model.gpt import TinyGPT
+from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.io import load_pretrained
-from prime_swarm.libs.model.tokenizer import EOS, decode, encode
+from prime_swarm.libs.model.tokenizer import decode, prompt_ids
 from prime_swarm.libs.rl.defaults import RL, WARM_START
 from prime_swarm.libs.rl.envs import Env, Task, get_env
 from prime_swarm.libs.rl.envs.base import hash_int
 from prime_swarm.libs.rl.evaluate import heldout_reward
 from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, grpo_step, make_optimizer
-from prime_swarm.libs.rl.sampling import (
-    completion_logprobs,
-    generate_batch,
-    prefill,
-    replay_check,
-    termination_ok,
-)
+from prime_swarm.libs.rl.logprobs import token_logprobs
 from prime_swarm.libs.rl.sft import warm_start
+from prime_swarm.libs.rollout.calibration import acceptance_for
+from prime_swarm.libs.rollout.recipe import Recipe
+from prime_swarm.libs.rollout.verify import prefill_hidden, replay_gaps, termination_ok
+
+RECIPE = Recipe()
+BACKEND = HFBackend(RECIPE.precision)
 
 
 class Clock:
@@ -60,8 +60,7 @@ class Clock:
 
 
 def worker_and_validator(
-    worker: TinyGPT,
-    tok: Tokenizer,
+    worker: CausalLM,
     env: Env,
     tasks: list[Task],
     seeds: list[int],
@@ -69,37 +68,45 @@ def worker_and_validator(
     clock: Clock,
 ) -> tuple[list[list[Rollout]], int]:
     """Sample the groups (worker), then verify them and attach behaviour log-probs (validator)."""
-    prompts = [encode(tok, t.prompt, add_bos=True) for t in tasks]
+    tok = worker.tokenizer
+    prompts = [prompt_ids(tok, t.prompt) for t in tasks]
     clock.start()
-    groups = generate_batch(
+    groups = BACKEND.generate(
         worker,
         prompts,
         seeds,
         group_size=args.group_size,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
-        eos_id=tok.token_to_id(EOS),
     )
     clock.stop("gen")
     clock.start()
     flat = [(p, c) for p, grp in zip(prompts, groups, strict=True) for c in grp]
-    outs = prefill(worker, [(p, c.token_ids) for p, c in flat])
+    hiddens = prefill_hidden(worker, [(p, c.token_ids) for p, c in flat], RECIPE.precision)
+    tol = acceptance_for("hf").replay_tolerance  # type: ignore[union-attr]
+    bf16 = worker.cast(RECIPE.precision)
     rollouts: list[list[Rollout]] = [[] for _ in tasks]
     rejected = 0
-    for i, ((p, c), out) in enumerate(zip(flat, outs, strict=True)):
+    for i, ((p, c), hidden) in enumerate(zip(flat, hiddens, strict=True)):
         g, j = divmod(i, args.group_size)
-        ok, _ = replay_check(out.logits, c.token_ids, args.temperature, seeds[g], j, RL.replay_tol)
-        ok &= termination_ok(
-            c.token_ids, c.finish_reason, tok.token_to_id(EOS), args.max_new_tokens
-        )
+        logits = bf16.head_logits(hidden)
+        ok = float(replay_gaps(logits, c.token_ids, args.temperature, seeds[g], j).max()) <= tol
+        ok &= termination_ok(c.token_ids, c.finish_reason, worker.eos_ids, args.max_new_tokens)
         if not ok:
             rejected += 1
             continue
         reward = env.reward(tasks[g], decode(tok, c.token_ids))
-        logprobs = completion_logprobs(out, c.token_ids, args.temperature)
-        rollouts[g].append(Rollout(p, c.token_ids, logprobs, reward))
+        tokens = torch.tensor(c.token_ids)
+        logprobs = token_logprobs(logits, tokens, args.temperature).tolist()
+        rollouts[g].append(Rollout(p, c.token_ids, logprobs, reward, args.temperature))
     clock.stop("validate")
     return rollouts, rejected
+
+
+def load_version(model_dir: Path, state: dict) -> CausalLM:
+    lm = load_pretrained(model_dir)
+    lm.module.load_state_dict(state)
+    return lm
 
 
 def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict:
@@ -108,21 +115,21 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict:
     base = build_tiny_model(seed, work / f"base-{seed}")
     warm = warm_start(
         base,
-        work / f"warm-{args.env}-{seed}-{args.sft_steps}-{args.error_rate}",
+        work / f"warm-{args.env}-{seed}-{args.sft_steps}-{args.error_rate}-{args.warm_lr}",
         seed=seed,
         steps=args.sft_steps,
         error_rate=args.error_rate,
         env=args.env,
+        lr=args.warm_lr,
     )
     warm_s = time.process_time() - t0
-    trainer, tok = load_pretrained(warm)
-    worker = copy.deepcopy(trainer)
-    versions = {0: copy.deepcopy(trainer.state_dict())}
+    trainer = load_pretrained(warm)
+    versions = {0: copy.deepcopy(trainer.module.state_dict())}
     opt = make_optimizer(trainer, lr=args.lr)
-    cfg = GRPOConfig(clip_eps=args.clip_eps, temperature=args.temperature)
+    cfg = GRPOConfig(clip_eps=args.clip_eps)
     rng = random.Random(seed)
     clock = Clock()
-    evals = {0: heldout_reward(trainer, tok, env, args.eval_tasks, seed)}
+    evals = {0: heldout_reward(trainer, env, args.eval_tasks, seed)}
     curve, rejected, wall = [], 0, 0.0
     for step in range(1, args.steps + 1):
         w0 = time.perf_counter()
@@ -133,10 +140,11 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict:
             by_version.setdefault(max(0, step - stale), []).append(g)
         batch: list[list[Rollout]] = []
         for v, idx in by_version.items():
-            worker.load_state_dict(versions[v])
+            # A fresh copy per version: the backend's bf16 cast is a snapshot of its weights.
+            worker = load_version(warm, versions[v])
             seeds = [hash_int("lease", seed, step, g) for g in idx]
             groups, bad = worker_and_validator(
-                worker, tok, env, [tasks[g] for g in idx], seeds, args, clock
+                worker, env, [tasks[g] for g in idx], seeds, args, clock
             )
             batch += groups
             rejected += bad
@@ -144,11 +152,11 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict:
         stats = grpo_step(trainer, opt, batch, cfg)
         clock.stop("train")
         wall += time.perf_counter() - w0
-        versions[step] = copy.deepcopy(trainer.state_dict())
+        versions[step] = copy.deepcopy(trainer.module.state_dict())
         versions.pop(step - 3, None)  # async_level=2: nothing older is ever sampled from
         curve.append(round(stats["reward_mean"], 4))
         if step == args.steps or (args.eval_every and step % args.eval_every == 0):
-            evals[step] = heldout_reward(trainer, tok, env, args.eval_tasks, seed)
+            evals[step] = heldout_reward(trainer, env, args.eval_tasks, seed)
         if args.verbose:
             print(
                 json.dumps(
@@ -174,12 +182,12 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--env", default=RL.env)
+    ap.add_argument("--env", default=RECIPE.env)
     ap.add_argument("--steps", type=int, default=RL.steps)
     ap.add_argument("--prompts", type=int, default=RL.prompts_per_step)
-    ap.add_argument("--group-size", type=int, default=RL.group_size)
-    ap.add_argument("--temperature", type=float, default=RL.temperature)
-    ap.add_argument("--max-new-tokens", type=int, default=RL.max_new_tokens)
+    ap.add_argument("--group-size", type=int, default=RECIPE.group_size)
+    ap.add_argument("--temperature", type=float, default=RECIPE.temperature)
+    ap.add_argument("--max-new-tokens", type=int, default=RECIPE.max_new_tokens)
     ap.add_argument("--lr", type=float, default=RL.lr)
     ap.add_argument("--clip-eps", type=float, default=RL.clip_eps)
     ap.add_argument("--sft-steps", type=int, default=WARM_START.steps)
@@ -201,6 +209,7 @@ def main() -> None:
         help="keep built models (and the warm-start cache) between runs",
     )
     ap.add_argument("--verbose", action="store_true", help="per-step GRPO stats on stderr")
+    ap.add_argument("--warm-lr", type=float, default=WARM_START.lr)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:

@@ -122,10 +122,14 @@ class PolicyInfo(Message):
 # ---------------------------------------------------------------- worker <-> orchestrator
 
 
+BackendName = Literal["hf", "vllm"]
+"""Generation engines a worker may run; the validator's limits are calibrated per engine."""
+
+
 class RegisterRequest(Versioned):
     worker: Address
     pool_id: int = Field(ge=1)
-    backend: Literal["torch", "vllm"] = "torch"
+    backend: BackendName = "hf"
     device: str = Field(default="cpu", max_length=64)
 
 
@@ -197,6 +201,9 @@ class RolloutSubmission(Versioned):
     pool_id: int = Field(ge=1)
     task_id: str
     policy_version: int = Field(ge=0)
+    backend: BackendName = Field(
+        default="hf", description="Engine that generated it; selects the calibrated limits."
+    )
     prompt_token_ids: list[int] = Field(max_length=4096)
     completions: list[CompletionSample] = Field(min_length=1, max_length=64)
 
@@ -265,6 +272,7 @@ class VerifiedRollout(Versioned):
     worker: Address
     task_id: str
     policy_version: int
+    sampling: SamplingParams = Field(description="The lease's sampling, for the GRPO ratio.")
     prompt_token_ids: list[int]
     completions: list[VerifiedCompletion]
     verdict: Verdict

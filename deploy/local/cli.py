@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from prime_swarm.libs.localnet.process import ProcessFailed
@@ -17,22 +18,26 @@ from prime_swarm.protocol.messages import StepProgress
 from .settings import LocalNetworkSettings
 
 
-def prepare_model(s: LocalNetworkSettings) -> Path:
+def prepare_model(s: LocalNetworkSettings, say: Callable[[str], None]) -> Path:
     from prime_swarm.libs.rl.sft import warm_start
 
+    def progress(step: int, total: int, loss: float) -> None:
+        say(f"  warm start step {step:>4}/{total}  loss {loss:.3f}")
+
     out = s.cache_dir / "models" / f"warm-seed{s.model_seed}-steps{s.warm_start_steps}"
-    return warm_start(s.model_seed, out, seed=s.model_seed, steps=s.warm_start_steps)
+    return warm_start(
+        s.model_seed, out, seed=s.model_seed, steps=s.warm_start_steps, progress=progress
+    )
 
 
 def heldout(model_dir: Path, s: LocalNetworkSettings) -> float:
     from prime_swarm.libs.model.io import load_pretrained
-    from prime_swarm.libs.rl.defaults import RL
     from prime_swarm.libs.rl.envs import get_env
     from prime_swarm.libs.rl.evaluate import heldout_reward
 
-    model, tok = load_pretrained(model_dir)
-    model.eval()
-    return heldout_reward(model, tok, get_env(RL.env), s.eval_tasks, seed=12345)
+    return heldout_reward(
+        load_pretrained(model_dir), get_env(s.recipe.env), s.eval_tasks, seed=12345
+    )
 
 
 def run(s: LocalNetworkSettings) -> dict[str, object]:
@@ -46,8 +51,8 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
     started = time.time()
     run_dir = new_run_dir(s.runs_dir)
     say(f"run folder: {run_dir}")
-    say("building the tiny model and its warm start (cached after the first run) ...")
-    init_dir = prepare_model(s)
+    say("building the tiny Qwen2 model and its warm start (cached after the first run) ...")
+    init_dir = prepare_model(s, say)
     net = LocalNetwork(s, init_dir, run_dir)
     try:
         topo = net.start()
@@ -86,10 +91,10 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
         "rollouts_rejected": counts["rejected"],
         # stale_policy: the group aged past the async bound while queued (refused, not slashed)
         "rejected_by_reason": counts["rejected_by_reason"],
-        "completions_per_rollout": s.group_size,
+        "completions_per_rollout": s.recipe.group_size,
         "attested_units_onchain": attested,
         "workers": s.workers,
-        "async_level": s.async_level,
+        "async_level": s.recipe.async_level,
         "mean_policy_lag": round(sum(r.policy_lag_mean for r in rows) / max(len(rows), 1), 3),
         "wall_seconds": round(time.time() - started, 1),
         "run_dir": str(run_dir),

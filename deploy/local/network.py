@@ -65,6 +65,9 @@ class LocalNetwork:
             "MKL_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
             "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+            # The recipe is set once, here, for every service.
+            **settings.recipe.env_vars(),
         }
 
     # ------------------------------------------------------------------ start
@@ -96,7 +99,7 @@ class LocalNetwork:
         t.workers = [w.address for w in workers]
 
         # Relays keep every version whose rollouts can still be admitted, plus the one in flight.
-        keep = self.s.async_level + 2
+        keep = self.s.recipe.async_level + 2
         origin_port, relay_port = free_port(), free_port()
         t.origin_url = f"http://127.0.0.1:{origin_port}"
         t.relay_url = f"http://127.0.0.1:{relay_port}"
@@ -145,9 +148,7 @@ class LocalNetwork:
                 "PRIME_TRAINER_PROGRESS_FILE": str(self.progress_file),
                 "PRIME_TRAINER_MAX_STEPS": str(self.s.steps),
                 "PRIME_TRAINER_GROUPS_PER_STEP": str(self.s.groups_per_step),
-                "PRIME_TRAINER_ASYNC_LEVEL": str(self.s.async_level),
                 "PRIME_TRAINER_LR": str(self.s.lr),
-                "PRIME_TRAINER_TEMPERATURE": str(self.s.temperature),
                 "PRIME_TRAINER_METRICS_PORT": str(free_port()),
             },
         )
@@ -163,7 +164,6 @@ class LocalNetwork:
                 "PRIME_VALIDATOR_TRUSTED_TRAINER": trainer.address,
                 "PRIME_VALIDATOR_RELAYS": f'["{t.relay_url}"]',
                 "PRIME_VALIDATOR_CACHE_DIR": str(self.run_dir / "validator-cache"),
-                "PRIME_VALIDATOR_ASYNC_LEVEL": str(self.s.async_level),
                 "PRIME_VALIDATOR_METRICS_PORT": str(free_port()),
             },
         )
@@ -178,10 +178,6 @@ class LocalNetwork:
                 "PRIME_ORCH_POOL_ID": str(t.pool_id),
                 "PRIME_ORCH_TRAINER_ADDRESS": trainer.address,
                 "PRIME_ORCH_RELAYS": f'["{t.relay_url}"]',
-                "PRIME_ORCH_GROUP_SIZE": str(self.s.group_size),
-                "PRIME_ORCH_TEMPERATURE": str(self.s.temperature),
-                "PRIME_ORCH_MAX_NEW_TOKENS": str(self.s.max_new_tokens),
-                "PRIME_ORCH_ASYNC_LEVEL": str(self.s.async_level),
             },
         ).wait_http(f"{t.orchestrator_url}/healthz")
         for i in range(self.s.workers):

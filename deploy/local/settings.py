@@ -8,6 +8,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prime_swarm.libs.rl.defaults import RL, WARM_START
+from prime_swarm.libs.rollout.recipe import Recipe
 
 
 class LocalNetworkSettings(BaseSettings):
@@ -20,11 +21,11 @@ class LocalNetworkSettings(BaseSettings):
     workers: int = Field(3, ge=1, description="Worker processes.")
     steps: int = Field(RL.steps, ge=1, description="Trainer steps before the run ends.")
     groups_per_step: int = Field(RL.prompts_per_step, ge=1, description="Groups per step.")
-    group_size: int = Field(RL.group_size, ge=1, description="Completions per prompt.")
-    temperature: float = Field(RL.temperature, gt=0, description="Sampling temperature.")
-    max_new_tokens: int = Field(RL.max_new_tokens, ge=1, description="Generation budget.")
     lr: float = Field(RL.lr, gt=0, description="Trainer learning rate.")
-    async_level: int = Field(RL.async_level, ge=0, description="Bounded staleness.")
+    recipe: Recipe = Field(
+        default_factory=Recipe,
+        description="The pool's recipe, handed to every service (PRIME_RECIPE_* variables).",
+    )
     eval_tasks: int = Field(RL.eval_tasks, ge=1, description="Held-out tasks per evaluation.")
     min_stake_wei: int = Field(10**18, description="Pool minimum stake.")
     reward_per_unit_wei: int = Field(10**12, description="Reward credited per attested token.")

@@ -1,1 +1,2 @@
-"""The project's tiny Hugging Face-format causal LM: tokenizer, architecture, IO and builder."""
+"""Any local Hugging Face causal LM through transformers: loading, the tiny seeded model the
+project builds for tests and the local run, and the generation backends."""

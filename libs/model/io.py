@@ -1,52 +1,55 @@
-"""Hugging Face-format model directories: config.json, model.safetensors, tokenizer.json."""
+"""Hugging Face-format model directories, read and written with transformers, never a hub.
+
+A model directory holds `config.json`, `*.safetensors` and the tokenizer files. Weights are read
+from safetensors only (`use_safetensors=True`): a policy arrives from the network, and a pickle
+would be code.
+"""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
-from tokenizers import Tokenizer
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.utils import logging as hf_logging
 
-from prime_swarm.libs.model.gpt import TinyGPT, TinyGPTConfig
-from prime_swarm.libs.model.tokenizer import TOKENIZER_FILE, load_tokenizer
+from .causal_lm import CausalLM
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-MODEL_TYPE = "tiny_gpt"
-ARCHITECTURE = "TinyGPTForCausalLM"
+# Services log JSON lines; transformers' per-load progress bars would interleave with them.
+hf_logging.disable_progress_bar()
+hf_logging.set_verbosity_error()
 
 
-def _dtype_name(model: torch.nn.Module) -> str:
-    return str(next(model.parameters()).dtype).removeprefix("torch.")
+class ModelDirError(ValueError):
+    """The directory is not a loadable causal-LM directory; the message says why."""
 
 
-def save_pretrained(model: TinyGPT, tokenizer: Tokenizer, out_dir: str | Path) -> Path:
+def save_pretrained(
+    model: PreTrainedModel | CausalLM, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path
+) -> Path:
     """Write the model directory atomically: readers see the old directory or the new one.
 
     The files go to a sibling temp dir that is renamed into place, so a crash never leaves a
     half-written model under `out_dir`.
     """
+    module = model.module if isinstance(model, CausalLM) else model
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the model from other service users
-        config = {
-            "model_type": MODEL_TYPE,
-            "architectures": [ARCHITECTURE],
-            **model.config.to_dict(),
-            "torch_dtype": _dtype_name(model),
-        }
-        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        tokenizer.save(str(tmp / TOKENIZER_FILE))
+        module.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
         if out.exists():
             # rename() cannot replace a non-empty directory, so move the old one aside first.
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
@@ -61,27 +64,38 @@ def save_pretrained(model: TinyGPT, tokenizer: Tokenizer, out_dir: str | Path) -
     return out
 
 
-def load_config(model_dir: str | Path) -> TinyGPTConfig:
-    raw = json.loads((Path(model_dir) / CONFIG_FILE).read_text())
-    if raw.get("model_type") != MODEL_TYPE:
-        raise ValueError(f"unsupported model_type {raw.get('model_type')!r}")
-    fields = TinyGPTConfig.__dataclass_fields__
-    return TinyGPTConfig(**{k: v for k, v in raw.items() if k in fields})
-
-
 def load_pretrained(
-    model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
-) -> tuple[TinyGPT, Tokenizer]:
-    """Load (model in eval mode, tokenizer); the weights must match the config exactly."""
-    model = TinyGPT(load_config(model_dir))
-    model.load_state_dict(load_file(str(Path(model_dir) / WEIGHTS_FILE)), strict=True)
-    model.to(device=device, dtype=dtype).eval()
-    return model, load_tokenizer(model_dir)
+    model_dir: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> CausalLM:
+    """Load any local HF causal LM (eval mode) with its tokenizer; nothing is fetched."""
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise ModelDirError(f"{path} has no config.json: not a Hugging Face model directory")
+    if not any(path.glob("*.safetensors")):
+        raise ModelDirError(f"{path} has no *.safetensors weights")
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (ValueError, KeyError) as exc:  # unknown model_type and friends
+        raise ModelDirError(f"{path}: {exc}") from exc
+    module = AutoModelForCausalLM.from_pretrained(
+        path,
+        config=config,
+        dtype=dtype,
+        local_files_only=True,
+        use_safetensors=True,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return CausalLM(module.to(device).eval(), tokenizer)
 
 
 def weights_sha256(model_dir: str | Path) -> str:
+    """sha256 over the (name, bytes) of every safetensors file, in name order."""
     h = hashlib.sha256()
-    with open(Path(model_dir) / WEIGHTS_FILE, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        h.update(f.name.encode() + b"\0")
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
     return h.hexdigest()

@@ -1,55 +1,49 @@
-"""Character-level tokenizer for the tiny model, built with the `tokenizers` library.
+"""Tokenizers: the tiny model's byte-level BPE, and the one prompt-encoding rule for any model.
 
-One token per character keeps the RL tasks readable (a reversed string is a reversed token
-sequence) and makes `tokenizer.json` loadable by any Hugging Face tooling.
+The tiny tokenizer is byte-level BPE with no merges: the 256-byte alphabet plus three special
+tokens. transformers 5 loads a `qwen2` tokenizer as byte-level BPE whatever `tokenizer_class`
+says, so a byte-level vocabulary is the one that round-trips through `AutoTokenizer`; with no
+merges every digit is its own token, which keeps the reversal task a token-level reversal.
 """
 
 from __future__ import annotations
 
-import string
-from pathlib import Path
+from collections.abc import Sequence
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
-SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
-
-# Ordered so ids are stable across builds: specials first, then the printable alphabet.
-ALPHABET = string.digits + string.ascii_lowercase + string.ascii_uppercase + " =+-*/:;,.?!()<>_#'\""
-
-TOKENIZER_FILE = "tokenizer.json"
+PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|eos|>"
 
 
-def build_tokenizer() -> Tokenizer:
-    """Fixed character vocabulary: <pad>=0, <bos>=1, <eos>=2, <unk>=3, then ALPHABET."""
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    for ch in ALPHABET:
-        vocab[ch] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    # WordLevel maps whole pre-tokens, so split into single characters (spaces included).
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    # Fuse joins tokens without the spaces WordLevel's default decoding would insert.
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(list(SPECIAL_TOKENS))
-    return tok
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """Byte-level BPE: ids 0-255 are the bytes (in ByteLevel's alphabet order), then pad, bos,
+    eos. A pure function of this code: the same ids on every machine."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    core = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens([PAD, BOS, EOS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token=BOS, eos_token=EOS, pad_token=PAD
+    )
 
 
-def load_tokenizer(model_dir: str | Path) -> Tokenizer:
-    return Tokenizer.from_file(str(Path(model_dir) / TOKENIZER_FILE))
+def prompt_ids(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """The prompt's token ids, as worker and validator must both compute them.
+
+    The tokenizer's own special-token rule applies; a tokenizer that defines a BOS token but does
+    not add it (Qwen2's adds none) gets it prepended, so a prompt never starts mid-context.
+    """
+    ids = list(tok(text, add_special_tokens=True)["input_ids"])
+    bos = tok.bos_token_id
+    if bos is not None and (not ids or ids[0] != bos):
+        ids.insert(0, bos)
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens")
+    return ids
 
 
-def special_id(tok: Tokenizer, token: str) -> int:
-    idx = tok.token_to_id(token)
-    if idx is None:
-        raise KeyError(f"tokenizer has no special token {token!r}")
-    return idx
-
-
-def encode(tok: Tokenizer, text: str, *, add_bos: bool = False) -> list[int]:
-    ids = tok.encode(text, add_special_tokens=False).ids
-    return [special_id(tok, BOS), *ids] if add_bos else ids
-
-
-def decode(tok: Tokenizer, ids: list[int]) -> str:
+def decode(tok: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
     """Text of `ids` with special tokens (pad, bos, eos) dropped."""
     return tok.decode(list(ids), skip_special_tokens=True)

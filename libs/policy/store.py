@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer
 
-from prime_swarm.libs.model.gpt import TinyGPT
+from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.io import load_pretrained
 from prime_swarm.libs.shardcast.client import download_version, fetch_manifest
 from prime_swarm.libs.shardcast.relays import RelayPool
@@ -31,8 +30,7 @@ ProgressFn = Callable[[int, int], None]
 class LoadedPolicy:
     version: int
     model_hash: str
-    model: TinyGPT
-    tokenizer: Tokenizer
+    lm: CausalLM
 
 
 class PolicyError(RuntimeError):
@@ -47,9 +45,11 @@ class PolicyStore:
         keep: int = 3,
         timeout_s: float = 60.0,
         dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
     ) -> None:
         self.cache_dir, self.trusted_trainer = Path(cache_dir), trusted_trainer
-        self.keep, self.timeout_s, self.dtype = keep, timeout_s, dtype
+        self.keep, self.timeout_s = keep, timeout_s
+        self.dtype, self.device = dtype, device
         self._loaded: OrderedDict[int, LoadedPolicy] = OrderedDict()
         self._lock = threading.Lock()
         self._relays: RelayPool | None = None
@@ -89,9 +89,11 @@ class PolicyStore:
             )
         except Exception as exc:
             raise PolicyError(f"could not fetch policy v{version}: {exc}") from exc
-        model, tok = load_pretrained(target, dtype=self.dtype)
-        model.eval()
-        policy = LoadedPolicy(version, signed.manifest.model_hash, model, tok)
+        try:
+            lm = load_pretrained(target, dtype=self.dtype, device=self.device)
+        except (OSError, ValueError) as exc:
+            raise PolicyError(f"policy v{version} does not load: {exc}") from exc
+        policy = LoadedPolicy(version, signed.manifest.model_hash, lm)
         with self._lock:
             self._loaded[version] = policy
             while len(self._loaded) > self.keep:

@@ -1,6 +1,7 @@
-"""The one place for the RL recipe's tuned numbers (measured with bench/rl_offline.py).
+"""The one place for the trainer's tuned numbers (measured with bench/rl_offline.py).
 
-Services build their settings on these models, so a change here moves the whole network.
+What every service must agree on (group size, temperature, token cap, async level) is the pool's
+recipe, libs/rollout/recipe.py; these numbers only shape the warm start and the optimizer.
 """
 
 from __future__ import annotations
@@ -27,21 +28,11 @@ class WarmStartConfig(BaseModel):
 class RLConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    env: str = Field("reverse", description="Registered env the pool trains on.")
-    group_size: int = Field(8, description="Completions sampled per prompt (one GRPO group).")
     prompts_per_step: int = Field(16, description="Groups consumed by one trainer step.")
-    temperature: float = Field(1.0, description="Sampling temperature for rollouts.")
-    max_new_tokens: int = Field(8, description="Generation cap: longest answer (7) plus EOS.")
     lr: float = Field(5e-4, description="AdamW learning rate for GRPO.")
     clip_eps: float = Field(0.2, description="PPO ratio clipping epsilon.")
     max_grad_norm: float = Field(1.0, description="Gradient clipping norm.")
     steps: int = Field(35, description="Trainer steps in the local run.")
-    async_level: int = Field(2, description="Rollouts from policy v are used while v >= step-2.")
-    replay_tol: float = Field(
-        0.02,
-        description="Gumbel replay tolerance on perturbed scores: honest decode and prefill "
-        "agree exactly on one device type; the slack covers cross-device kernel noise.",
-    )
     eval_tasks: int = Field(200, description="Held-out tasks per evaluation (greedy).")
 
 

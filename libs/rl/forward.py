@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from prime_swarm.libs.model.gpt import TinyGPT
+from prime_swarm.libs.model.causal_lm import CausalLM
 
 PromptCompletion = tuple[Sequence[int], Sequence[int]]
 
@@ -38,21 +38,21 @@ def pad_left(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
     return ids, mask
 
 
-def forward_completions(
-    model: TinyGPT, pairs: Sequence[PromptCompletion]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run one right-padded forward; return completion-aligned tensors.
+def completion_hidden(
+    lm: CausalLM, pairs: Sequence[PromptCompletion]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One right-padded forward; (hidden [N,L,C], targets [N,L], mask [N,L]).
 
-    Returns (logits [N,L,V], hidden [N,L,C], targets [N,L], mask [N,L]) with L the longest
-    completion: logits[i, k] = lm_head(hidden[i, k]) is the distribution that predicted
-    targets[i, k] = completion_i[k]; mask marks real completion tokens.
+    L is the longest completion; hidden[i, k] is the final hidden state that predicted
+    targets[i, k] = completion_i[k]; mask marks real completion tokens. Right padding needs no
+    position ids: a causal model never lets a real token see the padding after it.
     """
     if any(len(p) == 0 for p, _ in pairs):
-        raise ValueError("every prompt needs at least one token (the BOS)")
-    device = next(model.parameters()).device
-    ids, attn = pad_right([[*p, *c] for p, c in pairs], model.config.pad_token_id)
+        raise ValueError("every prompt needs at least one token")
+    device = lm.device
+    ids, attn = pad_right([[*p, *c] for p, c in pairs], lm.pad_id)
     ids, attn = ids.to(device), attn.to(device)
-    logits, hidden = model(ids, attention_mask=attn)
+    hidden = lm.final_hidden(ids, attn)
     n_comp = torch.tensor([len(c) for _, c in pairs], device=device)
     width = int(n_comp.max()) if len(pairs) else 0
     k = torch.arange(width, device=device)
@@ -60,6 +60,13 @@ def forward_completions(
     src = (prompt_len[:, None] - 1 + k[None, :]).clamp(max=ids.shape[1] - 1)  # [N,L]
     mask = k[None, :] < n_comp[:, None]
     targets = ids.gather(1, (src + 1).clamp(max=ids.shape[1] - 1)).masked_fill(~mask, 0)
-    take_logits = logits.gather(1, src[:, :, None].expand(-1, -1, logits.shape[-1]))
-    take_hidden = hidden.gather(1, src[:, :, None].expand(-1, -1, hidden.shape[-1]))
-    return take_logits, take_hidden, targets, mask
+    take = hidden.gather(1, src[:, :, None].expand(-1, -1, hidden.shape[-1]))
+    return take, targets, mask
+
+
+def forward_completions(
+    lm: CausalLM, pairs: Sequence[PromptCompletion]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`completion_hidden` plus the fp32 logits over it: (logits, hidden, targets, mask)."""
+    hidden, targets, mask = completion_hidden(lm, pairs)
+    return lm.head_logits(hidden), hidden, targets, mask

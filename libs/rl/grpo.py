@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from prime_swarm.libs.model.gpt import TinyGPT
+from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.rl.advantages import group_advantages
 from prime_swarm.libs.rl.defaults import RL
 from prime_swarm.libs.rl.forward import forward_completions
@@ -22,6 +22,8 @@ class Rollout:
     # From the policy version that generated it (recomputed by the validator), one per token.
     behaviour_logprobs: list[float]
     reward: float
+    # The lease's temperature: the ratio compares the same tempered distributions it sampled.
+    temperature: float = 1.0
 
 
 # All rollouts of a group answer the same prompt; advantages are computed within a group.
@@ -32,18 +34,16 @@ RolloutGroup = Sequence[Rollout]
 class GRPOConfig:
     clip_eps: float = RL.clip_eps
     max_grad_norm: float = RL.max_grad_norm
-    # Must equal the sampling temperature: the ratio compares the same tempered distributions.
-    temperature: float = RL.temperature
     adv_eps: float = 1e-6
 
 
-def make_optimizer(model: TinyGPT, lr: float = RL.lr) -> torch.optim.Optimizer:
+def make_optimizer(model: CausalLM, lr: float = RL.lr) -> torch.optim.Optimizer:
     """The optimizer the defaults were tuned with (AdamW, no weight decay)."""
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    return torch.optim.AdamW(model.module.parameters(), lr=lr, weight_decay=0.0)
 
 
 def grpo_step(
-    model: TinyGPT,
+    model: CausalLM,
     optimizer: torch.optim.Optimizer,
     batch: Sequence[RolloutGroup],
     cfg: GRPOConfig | None = None,
@@ -71,10 +71,11 @@ def grpo_step(
     }
     if not used:
         return stats  # nothing to learn from; the version still advances with unchanged weights
-    model.train()
+    model.module.train()
     pairs = [(r.prompt_ids, r.completion_ids) for r, _ in used]
     logits, _, targets, mask = forward_completions(model, pairs)
-    logprobs = token_logprobs(logits, targets, cfg.temperature)
+    temps = torch.tensor([r.temperature for r, _ in used], device=logits.device)
+    logprobs = token_logprobs(logits, targets, temps[:, None])
     old = torch.zeros_like(logprobs)
     for i, (r, _) in enumerate(used):
         if len(r.behaviour_logprobs) != len(r.completion_ids):
@@ -84,8 +85,8 @@ def grpo_step(
     loss, loss_stats = grpo_loss(logprobs, old, advantages, mask, clip_eps=cfg.clip_eps)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.module.parameters(), cfg.max_grad_norm)
     optimizer.step()
-    model.eval()
+    model.module.eval()
     stats.update(loss_stats, grad_norm=float(grad_norm))
     return stats

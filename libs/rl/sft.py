@@ -13,30 +13,31 @@ import json
 import math
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from prime_swarm.libs.model.build import init_tiny_model
-from prime_swarm.libs.model.gpt import TinyGPT
+from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.io import load_pretrained, save_pretrained, weights_sha256
-from prime_swarm.libs.model.tokenizer import build_tokenizer, encode
+from prime_swarm.libs.model.tokenizer import build_tokenizer, prompt_ids
 from prime_swarm.libs.rl.defaults import WARM_START, WarmStartConfig
 from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rl.forward import forward_completions
 
 MARKER_FILE = "warm_start.json"
 # Bump when the recipe changes so cached warm starts from an older recipe are rebuilt.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
+Progress = Callable[[int, int, float], None]
+"""(step, total steps, loss) after each logged SFT step."""
 
 
-def _base(base: str | Path | int) -> tuple[TinyGPT, dict[str, object]]:
+def _base(base: str | Path | int) -> tuple[CausalLM, dict[str, object]]:
     if isinstance(base, int):
-        return init_tiny_model(base), {"base_seed": base}
-    model, _ = load_pretrained(base)
-    return model, {"base_weights_sha256": weights_sha256(base)}
+        return CausalLM(init_tiny_model(base), build_tokenizer()), {"base_seed": base}
+    return load_pretrained(base), {"base_weights_sha256": weights_sha256(base)}
 
 
 def _marker_matches(out: Path, params: dict[str, object]) -> bool:
@@ -51,33 +52,38 @@ def _lr_factor(step: int, total: int, warmup: int = 20, floor: float = 0.1) -> f
     return min(1.0, (step + 1) / warmup) * (floor + (1.0 - floor) * cosine)
 
 
-def train_sft(model: TinyGPT, cfg: WarmStartConfig, seed: int) -> list[float]:
+def train_sft(
+    model: CausalLM, cfg: WarmStartConfig, seed: int, progress: Progress | None = None
+) -> list[float]:
     """Cross-entropy on noisy-teacher demonstrations; returns the loss curve."""
     env = get_env(cfg.env)
-    tok = build_tokenizer()
-    eos = model.config.eos_token_id
+    tok = model.tokenizer
+    eos = min(model.eos_ids)
     rng = random.Random(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.module.parameters(), lr=cfg.lr, weight_decay=0.0)
     # Cosine decay lets the short run settle into the teacher's mixture on every seed, instead
     # of stopping half-way with some garbled outputs; that keeps the RL starting point uniform.
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: _lr_factor(k, cfg.steps))
     losses = []
-    model.train()
+    model.module.train()
     for step in range(cfg.steps):
         tasks = env.sample_tasks(seed * 1_000_003 + step, cfg.batch_size, "train")
         pairs = []
         for t in tasks:
             answer = env.noisy_answer(t, rng, cfg.error_rate)
-            pairs.append((encode(tok, t.prompt, add_bos=True), [*encode(tok, answer), eos]))
+            answer_ids = tok(answer, add_special_tokens=False)["input_ids"]
+            pairs.append((prompt_ids(tok, t.prompt), [*answer_ids, eos]))
         logits, _, targets, mask = forward_completions(model, pairs)
         loss = torch.nn.functional.cross_entropy(logits[mask], targets[mask])
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.module.parameters(), 1.0)
         opt.step()
         sched.step()
         losses.append(loss.item())
-    model.eval()
+        if progress is not None and ((step + 1) % 50 == 0 or step + 1 == cfg.steps):
+            progress(step + 1, cfg.steps, losses[-1])
+    model.module.eval()
     return losses
 
 
@@ -101,6 +107,7 @@ def warm_start(
     seed: int,
     steps: int | None = None,
     cfg: WarmStartConfig = WARM_START,
+    progress: Progress | None = None,
     **overrides: object,
 ) -> Path:
     """Build (or reuse) the warm-started policy in `out_dir` as a Hugging Face model directory.
@@ -120,8 +127,8 @@ def warm_start(
             return out
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            train_sft(model, cfg, seed)
-        save_pretrained(model, build_tokenizer(), out)
+            train_sft(model, cfg, seed, progress)
+        save_pretrained(model, model.tokenizer, out)
         # Written last: a marker present means the model beside it is complete.
         tmp = out / f".{MARKER_FILE}.tmp"
         tmp.write_text(json.dumps(params, indent=2, sort_keys=True) + "\n")

@@ -9,6 +9,8 @@ import time
 from fastapi import APIRouter, Depends, HTTPException
 from redis.exceptions import ResponseError
 
+from prime_swarm.libs.rollout.admission import Refusal, check_admission
+from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.streams.consumer import group_backlog
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
@@ -30,6 +32,8 @@ from .state import WORKERS
 
 log = logging.getLogger("orchestrator")
 router = APIRouter(prefix="/v1")
+# A stale rollout is the clock's fault as often as the worker's: 409 tells it to refetch.
+SUBMIT_STATUS = {"stale_policy": 409}
 
 
 def refuse(route: str, status: int, reason: str, code: str) -> HTTPException:
@@ -60,6 +64,13 @@ async def register(
     body: RegisterRequest, signer: str = Depends(get_signer), pool: Pool = Depends(get_pool)
 ) -> RegisterReply:
     check_identity("register", signer, body.worker, pool, body.pool_id)
+    if acceptance_for(body.backend) is None:
+        raise refuse(
+            "register",
+            422,
+            f"this pool has no calibrated proof limits for backend {body.backend!r}",
+            "unsupported_backend",
+        )
     if not await pool.in_good_standing(body.worker):
         raise refuse(
             "register",
@@ -148,26 +159,13 @@ async def submit(
         raise refuse("submit", 403, "this lease was issued to another worker", "foreign_lease")
     if time.time() > lease.expires_at:
         raise refuse("submit", 410, "the lease expired before submission", "lease_expired")
-    if lease.task_id != body.task_id or len(body.completions) != lease.group_size:
-        raise refuse(
-            "submit",
-            422,
-            "submission does not answer its lease (task id or group size differ)",
-            "lease_mismatch",
-        )
+    if acceptance_for(body.backend) is None:
+        raise refuse("submit", 422, f"backend {body.backend!r} is not calibrated", "malformed")
     info = await pool.policy.info()
-    if info is None or body.policy_version > info.version:
-        raise refuse(
-            "submit", 422, f"policy v{body.policy_version} was never announced", "unknown_policy"
-        )
-    oldest = max(info.min_version, lease.min_policy_version)
-    if body.policy_version < oldest:
-        raise refuse(
-            "submit",
-            409,
-            f"policy v{body.policy_version} is outside the async bound (oldest admitted v{oldest})",
-            "stale_policy",
-        )
+    try:
+        check_admission(body, lease, info.version if info else -1, pool.settings.recipe.async_level)
+    except Refusal as exc:
+        raise refuse("submit", SUBMIT_STATUS.get(exc.reason, 422), exc.detail, exc.reason) from exc
     submission_id = hashlib.sha256(f"{body.lease_id}:{body.content_hash()}".encode()).hexdigest()[
         :32
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from prime_swarm.libs.rl.defaults import RL
+from prime_swarm.libs.rollout.recipe import Recipe
 
 
 class OrchestratorSettings(BaseSettings):
@@ -21,18 +21,10 @@ class OrchestratorSettings(BaseSettings):
     relays: list[str] = Field(
         default_factory=list, description="Relay base URLs handed to workers for downloads."
     )
-    env: str = Field(RL.env, description="Environment name whose tasks are leased.")
+    recipe: Recipe = Field(
+        default_factory=Recipe, description="The pool's recipe (PRIME_RECIPE_* variables)."
+    )
     task_seed: int = Field(0, description="Seed of the training task stream.")
-    group_size: int = Field(
-        RL.group_size, ge=1, le=64, description="Completions per leased prompt."
-    )
-    temperature: float = Field(RL.temperature, gt=0, description="Sampling temperature in leases.")
-    max_new_tokens: int = Field(RL.max_new_tokens, gt=0, description="Generation budget in leases.")
-    async_level: int = Field(
-        RL.async_level,
-        ge=0,
-        description="Rollouts from policy v are admitted while v >= step - async_level.",
-    )
     lease_ttl_s: float = Field(120.0, gt=0, description="How long a worker may hold a lease.")
     heartbeat_interval_s: float = Field(2.0, gt=0, description="Interval workers should keep.")
     max_open_leases_per_worker: int = Field(

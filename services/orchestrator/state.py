@@ -9,6 +9,7 @@ from redis.asyncio import Redis
 
 from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rl.envs.base import hash_int
+from prime_swarm.libs.rollout.admission import oldest_admitted
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import Lease, PolicyAnnouncement, PolicyInfo, SamplingParams
 
@@ -46,7 +47,7 @@ class PolicyTracker:
             model_hash=ann.model_hash,
             manifest_path=ann.manifest_path,
             relays=self.settings.relays,
-            min_version=max(0, ann.version - self.settings.async_level),
+            min_version=oldest_admitted(ann.version, self.settings.recipe.async_level),
             trainer=self.settings.trainer_address,
         )
 
@@ -56,7 +57,7 @@ class LeaseBook:
 
     def __init__(self, redis: Redis, settings: OrchestratorSettings) -> None:
         self.redis, self.settings = redis, settings
-        self.env = get_env(settings.env)
+        self.env = get_env(settings.recipe.env)
 
     async def open_count(self, worker: str) -> int:
         key = OPEN_LEASES.format(worker=worker.lower())
@@ -76,18 +77,18 @@ class LeaseBook:
         # The pool's task stream is a pure function of (seed, counter): workers cannot steer it.
         task_index = hash_int("lease", self.settings.task_seed, index, nbytes=6)
         task = self.env.task_from_id(self.env.task_id("train", task_index))
+        recipe = self.settings.recipe
         now = time.time()
         lease = Lease(
             lease_id=secrets.token_hex(12),
             worker=worker,
             pool_id=pool_id,
-            env=self.settings.env,
+            env=recipe.env,
             task_id=task.task_id,
             prompt=task.prompt,
-            group_size=self.settings.group_size,
+            group_size=recipe.group_size,
             sampling=SamplingParams(
-                temperature=self.settings.temperature,
-                max_new_tokens=self.settings.max_new_tokens,
+                temperature=recipe.temperature, max_new_tokens=recipe.max_new_tokens
             ),
             seed=secrets.randbits(62),
             min_policy_version=min_version,

@@ -13,7 +13,8 @@ import torch
 from eth_account.signers.local import LocalAccount
 
 from prime_swarm.libs.model.io import load_pretrained, save_pretrained
-from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, grpo_step
+from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, grpo_step, make_optimizer
+from prime_swarm.libs.rollout.admission import is_fresh
 from prime_swarm.libs.shardcast.publish import publish_version
 from prime_swarm.libs.shardcast.routes import manifest_path
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
@@ -41,14 +42,9 @@ class Trainer:
             min_idle_ms=settings.reclaim_idle_ms,
         )
         self.step = 0
-        self.model, self.tokenizer = load_pretrained(self._resume_point())
-        self.model.train()
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.lr, weight_decay=0.0)
-        self.cfg = GRPOConfig(
-            clip_eps=settings.clip_eps,
-            temperature=settings.temperature,
-            max_grad_norm=settings.max_grad_norm,
-        )
+        self.model = load_pretrained(self._resume_point())
+        self.opt = make_optimizer(self.model, lr=settings.lr)
+        self.cfg = GRPOConfig(clip_eps=settings.clip_eps, max_grad_norm=settings.max_grad_norm)
         self.stale_dropped = 0
         self.started = time.time()
         latest = self._latest_announcement()
@@ -90,7 +86,7 @@ class Trainer:
         return streams.decode(PolicyAnnouncement, entries[0][1]) if entries else None
 
     def save(self, trained_ids: list[str]) -> Path:
-        out = save_pretrained(self.model, self.tokenizer, self._ckpt(self.step))
+        out = save_pretrained(self.model, self.model.tokenizer, self._ckpt(self.step))
         record = self.s.checkpoint_dir / f"v{self.step}.trained.json"
         tmp = record.with_suffix(".tmp")
         tmp.write_text(json.dumps(trained_ids))
@@ -141,7 +137,7 @@ class Trainer:
                 if msg is None:
                     log.warning("dropping undecodable entry", extra={"fields": {"err": e.error}})
                     self.reader.ack(e.entry_id)
-                elif msg.policy_version < self.step - self.s.async_level:
+                elif not is_fresh(msg.policy_version, self.step, self.s.recipe.async_level):
                     # Bounded staleness (DESIGN.md §3.4): too old to train on by now.
                     self.stale_dropped += 1
                     metrics.STALE_DROPPED.inc()
@@ -163,6 +159,7 @@ class Trainer:
                     completion_ids=c.token_ids,
                     behaviour_logprobs=c.logprobs,
                     reward=c.reward,
+                    temperature=r.sampling.temperature,
                 )
                 for c in r.completions
             ]

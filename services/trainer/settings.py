@@ -8,6 +8,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prime_swarm.libs.rl.defaults import RL
+from prime_swarm.libs.rollout.recipe import Recipe
 
 
 class TrainerSettings(BaseSettings):
@@ -23,14 +24,11 @@ class TrainerSettings(BaseSettings):
     groups_per_step: int = Field(
         RL.prompts_per_step, ge=1, description="Rollout groups (prompts) per step."
     )
-    async_level: int = Field(
-        RL.async_level, ge=0, description="Drop rollouts older than step - async_level."
+    recipe: Recipe = Field(
+        default_factory=Recipe, description="The pool's recipe (PRIME_RECIPE_* variables)."
     )
     lr: float = Field(RL.lr, gt=0, description="AdamW learning rate.")
     clip_eps: float = Field(RL.clip_eps, gt=0, description="PPO-style ratio clip of the GRPO loss.")
-    temperature: float = Field(
-        RL.temperature, gt=0, description="Sampling temperature of the leases."
-    )
     max_grad_norm: float = Field(RL.max_grad_norm, gt=0, description="Gradient clipping norm.")
     shard_size: int = Field(1 << 20, gt=0, description="SHARDCAST shard size in bytes.")
     keep_checkpoints: int = Field(4, ge=1, description="Local versions kept on disk.")

@@ -10,8 +10,10 @@ import redis
 from eth_account.signers.local import LocalAccount
 
 from prime_swarm.libs.chain.client import LedgerClient
+from prime_swarm.libs.model.causal_lm import PRECISIONS
 from prime_swarm.libs.policy.store import LoadedPolicy, PolicyError, PolicyStore
-from prime_swarm.libs.rl.sampling import prefill_at
+from prime_swarm.libs.rollout import verify
+from prime_swarm.libs.rollout.admission import Refusal, check_admission
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
@@ -22,7 +24,7 @@ from prime_swarm.protocol.messages import (
     VerifiedRollout,
 )
 
-from . import checks, metrics
+from . import metrics
 from .ledger_queue import ChainAction, LedgerQueue, work_key
 from .settings import ValidatorSettings
 
@@ -67,6 +69,8 @@ class Validator:
             settings.trusted_trainer,
             keep=settings.keep_versions,
             timeout_s=settings.http_timeout_s,
+            dtype=PRECISIONS[settings.recipe.precision],
+            device=settings.device,
         )
         self.counts: dict[str, int] = defaultdict(int)
 
@@ -97,17 +101,16 @@ class Validator:
                 continue
             msg = e.message
             try:
-                checks.check_lease(msg)
-                checks.check_version(msg, current, self.s.async_level)
+                check_admission(msg.submission, msg.lease, current, self.s.recipe.async_level)
                 if not self._first_sighting(msg):
-                    raise checks.Rejection("duplicate", "identical work was submitted before")
+                    raise Refusal("duplicate", "identical work was submitted before")
                 try:
                     policy = self.store.get(msg.submission.policy_version, self.s.relays)
                 except PolicyError as exc:
-                    raise checks.Rejection("unknown_policy", str(exc)[:300]) from exc
-                checks.check_prompt(msg, policy)
-                checks.check_shapes(msg, policy)
-            except checks.Rejection as rej:
+                    raise Refusal("unknown_policy", str(exc)[:300]) from exc
+                verify.check_prompt(msg, policy.lm)
+                verify.check_shapes(msg, policy.lm)
+            except Refusal as rej:
                 verdicts.append((e.entry_id, msg, self._verdict(msg, rej), None))
                 continue
             survivors[policy.version].append((e.entry_id, msg, policy))
@@ -121,8 +124,9 @@ class Validator:
                 for c in m.submission.completions
             ]
             t0 = time.monotonic()
+            precision = self.s.recipe.precision
             try:
-                outputs: list | None = prefill_at(policy.model, seqs, self.s.precision)
+                outputs: list | None = verify.prefill_hidden(policy.lm, seqs, precision)
             except Exception:  # never let one submission sink the batch: retry one by one
                 log.exception("batched prefill failed; falling back to one at a time")
                 outputs = None
@@ -132,23 +136,18 @@ class Validator:
                 n = len(msg.submission.completions)
                 try:
                     if outputs is None:
-                        mine = prefill_at(policy.model, seqs[at : at + n], self.s.precision)
+                        mine = verify.prefill_hidden(policy.lm, seqs[at : at + n], precision)
                     else:
                         mine = outputs[at : at + n]
-                    completions = checks.check_completions(
-                        msg,
-                        policy,
-                        mine,
-                        self.s.replay_tolerance,
-                        self.s.reward_tolerance,
-                        self.s.min_exact_fraction,
+                    completions = verify.check_completions(
+                        msg, policy, mine, self.s.reward_tolerance
                     )
-                except checks.Rejection as rej:
+                except Refusal as rej:
                     verdicts.append((entry_id, msg, self._verdict(msg, rej), None))
                     continue
                 except Exception as exc:  # a malformed submission never crashes the validator
                     log.exception("check failed unexpectedly")
-                    rej = checks.Rejection("malformed", f"{type(exc).__name__}: {exc}"[:300])
+                    rej = Refusal("malformed", f"{type(exc).__name__}: {exc}"[:300])
                     verdicts.append((entry_id, msg, self._verdict(msg, rej), None))
                     continue
                 finally:
@@ -164,7 +163,7 @@ class Validator:
     def _verdict(
         self,
         msg: SubmittedRollout,
-        rej: checks.Rejection | None,
+        rej: Refusal | None,
         completions: list[VerifiedCompletion] | None = None,
     ) -> Verdict:
         return Verdict(
@@ -188,6 +187,7 @@ class Validator:
             worker=msg.submission.worker,
             task_id=msg.submission.task_id,
             policy_version=msg.submission.policy_version,
+            sampling=msg.lease.sampling,
             prompt_token_ids=msg.submission.prompt_token_ids,
             completions=completions,
             verdict=verdict,

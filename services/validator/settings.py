@@ -7,9 +7,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from prime_swarm.libs.rl.defaults import RL
-
-from .checks import MIN_EXACT_FRACTION, REPLAY_TOLERANCE
+from prime_swarm.libs.rollout.recipe import Recipe
 
 
 class ValidatorSettings(BaseSettings):
@@ -24,24 +22,10 @@ class ValidatorSettings(BaseSettings):
     relays: list[str] = Field(..., description="Relay URLs to download policies from.")
     cache_dir: Path = Field(Path(".cache/validator"), description="Downloaded policies.")
     keep_versions: int = Field(4, ge=1, description="Policy versions kept loaded.")
-    async_level: int = Field(
-        RL.async_level, ge=0, description="Admit policy v while v >= step - async_level."
+    recipe: Recipe = Field(
+        default_factory=Recipe, description="The pool's recipe (PRIME_RECIPE_* variables)."
     )
-    replay_tolerance: float = Field(
-        REPLAY_TOLERANCE,
-        ge=0,
-        description="Near-tie slack when replaying Gumbel-max sampling (bf16, calibrated).",
-    )
-    precision: str = Field(
-        "bf16", description="The pool's inference precision; proofs are recomputed in it."
-    )
-    min_exact_fraction: float = Field(
-        MIN_EXACT_FRACTION,
-        ge=0,
-        le=1,
-        description="Least share of committed top-k values a recomputation at the pool's "
-        "precision must reproduce bit for bit (the precision fingerprint).",
-    )
+    device: str = Field("cpu", description="Where the prefill runs: cpu or cuda.")
     reward_tolerance: float = Field(1e-6, ge=0, description="Slack on a claimed reward.")
     batch_size: int = Field(16, ge=1, description="Submissions read (and prefilled) per batch.")
     attest_batch_size: int = Field(32, ge=1, description="Work items per attest transaction.")

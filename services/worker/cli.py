@@ -27,6 +27,8 @@ def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Work
         "max_rollouts": getattr(args, "max_rollouts", None),
         "unstake_on_exit": True if getattr(args, "unstake_on_exit", False) else None,
         "progress": False if getattr(args, "no_progress", False) else None,
+        "backend": getattr(args, "backend", None),
+        "device": getattr(args, "device", None),
     }
     try:
         return WorkerSettings(**{k: v for k, v in overrides.items() if v is not None})
@@ -56,6 +58,10 @@ def main(argv: list[str] | None = None) -> None:
             p.add_argument("--max-rollouts", type=int)
             p.add_argument("--unstake-on-exit", action="store_true")
             p.add_argument("--no-progress", action="store_true")
+            p.add_argument(
+                "--backend", choices=["hf"], help="generation backend (PRIME_WORKER_BACKEND)"
+            )
+            p.add_argument("--device", help="cpu, cuda or cuda:N (PRIME_WORKER_DEVICE)")
     args = parser.parse_args(argv)
 
     if args.command == "address":
@@ -71,9 +77,14 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(settings.threads)
+    if settings.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.exit(2, f"prime-worker: --device {settings.device}: no CUDA device is visible\n")
+    from prime_swarm.libs.model.backend import make_backend
+
     from .runner import JoinError, Worker
 
-    worker = Worker(settings, account)
+    # The backend is chosen once, here, and injected: the worker never branches on its name.
+    worker = Worker(settings, account, make_backend(settings.backend, settings.precision))
     if args.command == "leave":
         worker.ledger.leave(settings.pool_id)
         print(f"{account.address} left pool {settings.pool_id}")

@@ -10,7 +10,10 @@ from eth_account.signers.local import LocalAccount
 from tqdm import tqdm
 
 from prime_swarm.libs.chain.client import LedgerClient
+from prime_swarm.libs.model.backend import GenerationBackend
+from prime_swarm.libs.model.causal_lm import PRECISIONS
 from prime_swarm.libs.policy.store import LoadedPolicy, PolicyError, PolicyStore
+from prime_swarm.libs.rollout.answer import PendingSubmission, ProofBuilder, start_lease
 from prime_swarm.protocol.messages import (
     Heartbeat,
     LeaseRequest,
@@ -20,7 +23,6 @@ from prime_swarm.protocol.messages import (
 
 from . import metrics
 from .client import OrchestratorClient, OrchestratorError
-from .rollout import PendingSubmission, ProofBuilder, start_lease
 from .settings import WorkerSettings
 
 log = logging.getLogger("worker")
@@ -32,8 +34,10 @@ class JoinError(RuntimeError):
 
 
 class Worker:
-    def __init__(self, settings: WorkerSettings, account: LocalAccount) -> None:
-        self.s, self.account = settings, account
+    def __init__(
+        self, settings: WorkerSettings, account: LocalAccount, backend: GenerationBackend
+    ) -> None:
+        self.s, self.account, self.backend = settings, account, backend
         self.ledger = LedgerClient(
             settings.rpc_url,
             settings.ledger_address,
@@ -83,6 +87,8 @@ class Worker:
                 info.trainer,
                 keep=self.s.keep_versions,
                 timeout_s=self.s.http_timeout_s * 4,
+                dtype=PRECISIONS[self.s.precision],
+                device=self.s.device,
             )
         held = self.store.latest_loaded()
         if held is not None and held.version >= info.version:
@@ -182,7 +188,7 @@ class Worker:
                     self.stop.wait(lease_reply.retry_after_s or 0.5)
                     continue
                 started = time.monotonic()
-                job = start_lease(policy, lease_reply.lease, builder=builder)
+                job = start_lease(policy, lease_reply.lease, self.backend, builder)
                 if pending is not None:
                     self._submit(client, *pending)
                 pending = (job, started)

@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from prime_swarm.libs.rollout.recipe import Precision
+
 
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PRIME_WORKER_", extra="ignore")
@@ -22,7 +24,13 @@ class WorkerSettings(BaseSettings):
     cache_dir: Path = Field(
         Path.home() / ".prime-swarm" / "policies", description="Downloaded policy versions."
     )
-    backend: Literal["torch", "vllm"] = Field("torch", description="Generation backend.")
+    backend: Literal["hf"] = Field(
+        "hf", description="Generation backend: hf (transformers, KV cache, CPU or CUDA)."
+    )
+    precision: Precision = Field(
+        "bf16", description="Compute precision of generation; the pool's recipe names it."
+    )
+    device: str = Field("cpu", description="Where the model runs: cpu, cuda or cuda:N.")
     threads: int = Field(1, ge=1, description="torch intra-op threads.")
     http_timeout_s: float = Field(30.0, gt=0, description="Timeout of each HTTP request.")
     retry_budget: int = Field(5, ge=0, description="Retries of a failing request before giving up.")

@@ -1,5 +1,6 @@
-"""Answer a lease: seeded generation (hidden states captured on the way), TOPLOC proofs built off
-the critical path in a background thread, and the submission."""
+"""A worker's answer to a lease: seeded generation through the injected backend (hidden states
+captured on the way), TOPLOC proofs built off the critical path in a background thread, and the
+submission."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from prime_swarm.libs.model.tokenizer import decode, encode
+import torch
+
+from prime_swarm.libs.model.backend import Generation, GenerationBackend
+from prime_swarm.libs.model.tokenizer import decode, prompt_ids
 from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rl.envs import get_env
-from prime_swarm.libs.rl.sampling import CapturedCompletion
 from prime_swarm.libs.toploc import ProofContext, build_proofs_batch, group_contexts
 from prime_swarm.protocol.messages import CompletionSample, Lease, RolloutSubmission
-
-from .torch_backend import TorchBackend
 
 
 @dataclass
@@ -40,7 +41,9 @@ class ProofBuilder:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toploc-prover")
         self.timer = ProofTimer()
 
-    def submit(self, hiddens: list, contexts: list[ProofContext]) -> Future[list[bytes]]:
+    def submit(
+        self, hiddens: list[torch.Tensor], contexts: list[ProofContext]
+    ) -> Future[list[bytes]]:
         def job() -> list[bytes]:
             t0 = time.perf_counter()
             proofs = build_proofs_batch(hiddens, contexts)
@@ -53,25 +56,15 @@ class ProofBuilder:
         self._pool.shutdown(wait=True)
 
 
-_DEFAULT_BACKEND = TorchBackend()
-_DEFAULT_BUILDER: ProofBuilder | None = None
-
-
-def default_builder() -> ProofBuilder:
-    global _DEFAULT_BUILDER
-    if _DEFAULT_BUILDER is None:
-        _DEFAULT_BUILDER = ProofBuilder()
-    return _DEFAULT_BUILDER
-
-
 @dataclass
 class PendingSubmission:
     """A generated group whose proofs are being built; `result()` blocks until they are."""
 
     lease: Lease
     policy_version: int
+    backend: str
     prompt_ids: list[int]
-    completions: list[CapturedCompletion]
+    completions: list[Generation]
     rewards: list[float]
     proofs: Future[list[bytes]]
 
@@ -93,43 +86,44 @@ class PendingSubmission:
             pool_id=lease.pool_id,
             task_id=lease.task_id,
             policy_version=self.policy_version,
+            backend=self.backend,  # type: ignore[arg-type]
             prompt_token_ids=self.prompt_ids,
             completions=samples,
         )
 
 
 def start_lease(
-    policy: LoadedPolicy,
-    lease: Lease,
-    backend: object | None = None,
-    builder: ProofBuilder | None = None,
+    policy: LoadedPolicy, lease: Lease, backend: GenerationBackend, builder: ProofBuilder
 ) -> PendingSubmission:
     """Generate now; hand the proofs to the background builder and return at once."""
-    backend = backend or _DEFAULT_BACKEND
-    builder = builder or default_builder()
-    model, tok = policy.model, policy.tokenizer
+    tok = policy.lm.tokenizer
     env = get_env(lease.env)
     task = env.task_from_id(lease.task_id)
-    prompt_ids = encode(tok, lease.prompt, add_bos=True)
+    prompt = prompt_ids(tok, lease.prompt)
     t0 = time.perf_counter()
-    completions = backend.generate(  # type: ignore[attr-defined]
-        model,
-        [prompt_ids],
+    (completions,) = backend.generate(
+        policy.lm,
+        [prompt],
         [lease.seed],
         group_size=lease.group_size,
         max_new_tokens=lease.sampling.max_new_tokens,
         temperature=lease.sampling.temperature,
-        eos_id=model.config.eos_token_id,
-    )[0]
+    )
     builder.timer.add(gen=time.perf_counter() - t0)
     contexts = group_contexts(policy.model_hash, lease.lease_id, [c.token_ids for c in completions])
     future = builder.submit([c.hidden for c in completions], contexts)
     rewards = [env.reward(task, decode(tok, c.token_ids)) for c in completions]
-    return PendingSubmission(lease, policy.version, prompt_ids, completions, rewards, future)
+    return PendingSubmission(
+        lease, policy.version, backend.name, prompt, completions, rewards, future
+    )
 
 
 def answer_lease(
-    policy: LoadedPolicy, lease: Lease, backend: object | None = None
+    policy: LoadedPolicy, lease: Lease, backend: GenerationBackend
 ) -> RolloutSubmission:
     """Generate and prove one lease, waiting for the proofs."""
-    return start_lease(policy, lease, backend).result()
+    builder = ProofBuilder()
+    try:
+        return start_lease(policy, lease, backend, builder).result()
+    finally:
+        builder.close()

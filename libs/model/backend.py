@@ -1,0 +1,60 @@
+"""The generation backend interface: what a worker needs from an inference engine.
+
+A backend samples with the pool's seeded Gumbel-max rule (libs/rollout/noise.py), so that a
+validator can replay every choice, and captures the final hidden states of every generated
+token while it generates (TOPLOC commits to them; no second prefill). `hf` (transformers, KV
+cache, CPU or CUDA) is in hf_backend.py; a vLLM engine implements the same `generate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+
+from .causal_lm import CausalLM
+
+FinishReason = Literal["eos", "length"]
+BackendName = Literal["hf"]
+
+
+@dataclass
+class Generation:
+    """One sampled completion."""
+
+    token_ids: list[int]
+    finish_reason: FinishReason
+    logprobs: list[float]
+    """log softmax(logits / T) of each sampled token, as the generating machine computed it."""
+    hidden: torch.Tensor
+    """[len(token_ids), hidden_size] final hidden states behind each token (CPU)."""
+
+
+class GenerationBackend(Protocol):
+    name: str
+
+    def generate(
+        self,
+        lm: CausalLM,
+        prompts: Sequence[Sequence[int]],
+        seeds: Sequence[int],
+        *,
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float,
+    ) -> list[list[Generation]]:
+        """`group_size` completions per prompt; completion j of prompt p is sampled with the
+        noise of (seeds[p], j, position) and stops at its first EOS or at max_new_tokens.
+        temperature 0 is greedy."""
+        ...
+
+
+def make_backend(name: str, precision: str = "bf16") -> GenerationBackend:
+    """The backend a worker runs, chosen once from its settings."""
+    if name == "hf":
+        from .hf_backend import HFBackend
+
+        return HFBackend(precision)
+    raise ValueError(f"unknown generation backend {name!r} (available: hf)")

@@ -1,0 +1,95 @@
+"""The `hf` generation backend: transformers, batched, KV-cached, seeded Gumbel-max sampling.
+
+All completions of a call share one left-padded batch and one KV cache: one prefill of the
+prompts, then one forward of a single token per row and step. Each step's final hidden state is
+kept (rounded to bf16, the precision proofs commit to) and the next token is the argmax of the
+fp32 logits over it, tempered, plus the row's seeded noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from prime_swarm.libs.rl.forward import pad_left
+from prime_swarm.libs.rl.logprobs import token_logprobs
+from prime_swarm.libs.rollout.noise import gumbel_rows, perturbed_scores
+
+from .backend import Generation
+from .causal_lm import CausalLM
+
+
+class HFBackend:
+    name = "hf"
+
+    def __init__(self, precision: str = "bf16") -> None:
+        self.precision = precision
+
+    @torch.no_grad()
+    def generate(
+        self,
+        lm: CausalLM,
+        prompts: Sequence[Sequence[int]],
+        seeds: Sequence[int],
+        *,
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float,
+    ) -> list[list[Generation]]:
+        if len(prompts) != len(seeds):
+            raise ValueError("one seed per prompt")
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        if max(len(p) for p in prompts) + max_new_tokens > lm.context_len:
+            raise ValueError(f"prompt + {max_new_tokens} new tokens exceed {lm.context_len}")
+        lm = lm.cast(self.precision)
+        rows = [(s, j) for s in seeds for j in range(group_size)]
+        device = lm.device
+        ids, attn = pad_left([p for p in prompts for _ in range(group_size)], lm.pad_id)
+        ids, attn = ids.to(device), attn.to(device)
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=lm.config)
+        last = lm.final_hidden(ids, attn, positions, cache)[:, -1]
+        n, eos = len(rows), torch.tensor(sorted(lm.eos_ids), device=device)
+        hidden = torch.zeros((n, max_new_tokens, lm.hidden_size), dtype=torch.bfloat16)
+        tokens = torch.zeros((n, max_new_tokens), dtype=torch.long)
+        logprobs = torch.zeros((n, max_new_tokens), dtype=torch.float32)
+        length = torch.full((n,), max_new_tokens, dtype=torch.long)
+        done = torch.zeros(n, dtype=torch.bool, device=device)
+        for k in range(max_new_tokens):
+            hidden[:, k] = last.to(torch.bfloat16).cpu()
+            logits = lm.head_logits(last)
+            if temperature > 0:
+                noise = gumbel_rows([(s, j, k) for s, j in rows], logits.shape[-1], device)
+                chosen = perturbed_scores(logits, temperature, noise).argmax(dim=-1)
+            else:
+                chosen = logits.argmax(dim=-1)
+            tokens[:, k] = chosen.cpu()
+            logprobs[:, k] = token_logprobs(logits, chosen, temperature).cpu()
+            ended = torch.isin(chosen, eos) & ~done
+            length[ended.cpu()] = k + 1
+            done |= ended
+            if bool(done.all()) or k == max_new_tokens - 1:
+                break
+            # Finished rows keep decoding (their tokens are discarded): the batch stays
+            # rectangular, which costs little at these group sizes and keeps the cache simple.
+            attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=device)], dim=1)
+            positions = positions[:, -1:] + 1
+            last = lm.final_hidden(chosen[:, None], attn, positions, cache)[:, -1]
+        out = []
+        for i in range(n):
+            size = int(length[i])
+            finished = bool(done[i])
+            out.append(
+                Generation(
+                    token_ids=tokens[i, :size].tolist(),
+                    finish_reason="eos" if finished else "length",
+                    logprobs=logprobs[i, :size].tolist(),
+                    hidden=hidden[i, :size].clone(),
+                )
+            )
+        return [out[p * group_size : (p + 1) * group_size] for p in range(len(prompts))]

@@ -1,0 +1,40 @@
+"""The pool's recipe: the settings every service must agree on, set once.
+
+Every service reads it from the same `PRIME_RECIPE_*` environment variables (or takes the
+launcher's one instance), so the orchestrator's leases, the validator's checks and the trainer's
+staleness bound can never drift apart. Settings only one service uses live in that service.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Precision = Literal["bf16", "fp16", "fp32"]
+
+
+class Recipe(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PRIME_RECIPE_", extra="ignore", frozen=True)
+
+    env: str = Field("reverse", description="Registered environment whose tasks are leased.")
+    group_size: int = Field(8, ge=1, le=64, description="Completions per leased prompt (a group).")
+    temperature: float = Field(1.0, gt=0, le=4, description="Sampling temperature of every lease.")
+    max_new_tokens: int = Field(
+        8, ge=1, le=4096, description="Generation cap per completion (longest answer + EOS)."
+    )
+    async_level: int = Field(
+        2,
+        ge=0,
+        description="Rollouts of policy v are admitted while v >= trainer step - async_level "
+        "(INTELLECT-2's two-step asynchrony).",
+    )
+    precision: Precision = Field(
+        "bf16",
+        description="Inference precision: workers generate and validators recompute in it.",
+    )
+
+    def env_vars(self) -> dict[str, str]:
+        """This recipe as the environment variables that reproduce it in another process."""
+        return {f"PRIME_RECIPE_{k.upper()}": str(v) for k, v in self.model_dump().items()}

@@ -1,0 +1,185 @@
+"""The validator's checks: what a submission must show, each failure with a named reason.
+
+`measure_group` recomputes the evidence (proof statistics, replay gaps, rewards, log-probs) from
+the validator's own prefill; `judge_group` holds it against the calibrated limits. They are split
+so that the benchmark reports the very numbers the validator decides on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.tokenizer import decode, prompt_ids
+from prime_swarm.libs.policy.store import LoadedPolicy
+from prime_swarm.libs.rl.envs import get_env
+from prime_swarm.libs.rl.forward import PromptCompletion, completion_hidden
+from prime_swarm.libs.rl.logprobs import token_logprobs
+from prime_swarm.libs.toploc import VerifyResult, group_contexts, verify_proofs_batch
+from prime_swarm.protocol.messages import SubmittedRollout, VerifiedCompletion
+
+from .admission import Refusal
+from .calibration import Acceptance, acceptance_for
+from .noise import gumbel_rows, perturbed_scores
+
+
+# --------------------------------------------------------------------------- recomputation
+@torch.no_grad()
+def prefill_hidden(
+    lm: CausalLM, sequences: Sequence[PromptCompletion], precision: str = "bf16"
+) -> list[torch.Tensor]:
+    """The final hidden states behind every completion token ([L, C], bf16, CPU), from ONE
+    right-padded forward at the pool's precision over all sequences."""
+    if not sequences:
+        return []
+    hidden, _, _ = completion_hidden(lm.cast(precision), sequences)
+    hidden = hidden.to(torch.bfloat16).cpu()
+    return [hidden[i, : len(c)] for i, (_, c) in enumerate(sequences)]
+
+
+def replay_gaps(
+    logits: torch.Tensor, token_ids: Sequence[int], temperature: float, seed: int, sample: int
+) -> torch.Tensor:
+    """Per position: best perturbed score minus the submitted token's (0 when it is the argmax).
+
+    An honest token's gap is 0 up to near-ties that decode and prefill noise can flip; a token
+    the seeded noise did not choose trails by O(1).
+    """
+    tokens = torch.as_tensor(list(token_ids), dtype=torch.long, device=logits.device)
+    if temperature > 0:
+        rows = [(seed, sample, k) for k in range(len(tokens))]
+        scores = perturbed_scores(
+            logits, temperature, gumbel_rows(rows, logits.shape[-1], logits.device)
+        )
+    else:
+        scores = logits.float()
+    return scores.max(dim=-1).values - scores.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def termination_ok(
+    token_ids: Sequence[int], finish_reason: str, eos_ids: frozenset[int], max_new_tokens: int
+) -> bool:
+    """Does the completion stop where honest decoding would: at its first EOS, or at the cap?"""
+    n_eos = sum(t in eos_ids for t in token_ids)
+    if finish_reason == "eos":
+        return n_eos == 1 and token_ids[-1] in eos_ids and len(token_ids) <= max_new_tokens
+    if finish_reason == "length":
+        return n_eos == 0 and len(token_ids) == max_new_tokens
+    return False
+
+
+# --------------------------------------------------------------------------- cheap checks
+def check_prompt(entry: SubmittedRollout, lm: CausalLM) -> None:
+    if entry.submission.prompt_token_ids != prompt_ids(lm.tokenizer, entry.lease.prompt):
+        raise Refusal("lease_mismatch", "prompt tokens differ from the leased prompt")
+
+
+def check_shapes(entry: SubmittedRollout, lm: CausalLM) -> None:
+    """Token ids the model can embed and sequences it can hold: a submission must never be able
+    to crash the batched prefill it shares with other workers' submissions."""
+    prompt = entry.submission.prompt_token_ids
+    for i, c in enumerate(entry.submission.completions):
+        if min(c.token_ids) < 0 or max(c.token_ids) >= lm.vocab_size:
+            raise Refusal("malformed", f"completion {i} has token ids outside the vocabulary")
+        if len(prompt) + len(c.token_ids) > lm.context_len:
+            raise Refusal("malformed", f"completion {i} overflows the model's context")
+
+
+# --------------------------------------------------------------------------- evidence
+@dataclass
+class CompletionEvidence:
+    proof: VerifyResult
+    max_replay_gap: float
+    first_bad_position: int | None
+    reward: float
+    logprobs: list[float]
+
+
+def measure_group(
+    entry: SubmittedRollout,
+    policy: LoadedPolicy,
+    hiddens: Sequence[torch.Tensor],
+    acceptance: Acceptance,
+) -> list[CompletionEvidence]:
+    """Recompute everything the verdict rests on, from the validator's own hidden states."""
+    sub, lease = entry.submission, entry.lease
+    lm = policy.lm
+    env = get_env(lease.env)
+    task = env.task_from_id(lease.task_id)
+    contexts = group_contexts(
+        policy.model_hash, lease.lease_id, [c.token_ids for c in sub.completions]
+    )
+    proofs = verify_proofs_batch(
+        list(hiddens), [c.proof for c in sub.completions], contexts, acceptance.thresholds
+    )
+    out = []
+    temperature = lease.sampling.temperature
+    for i, (c, hidden, proof) in enumerate(zip(sub.completions, hiddens, proofs, strict=True)):
+        logits = lm.head_logits(hidden.to(lm.device))
+        gaps = replay_gaps(logits, c.token_ids, temperature, lease.seed, i)
+        bad = torch.nonzero(gaps > acceptance.replay_tolerance)
+        tokens = torch.as_tensor(c.token_ids, device=logits.device)
+        out.append(
+            CompletionEvidence(
+                proof=proof,
+                max_replay_gap=float(gaps.max()),
+                first_bad_position=int(bad[0, 0]) if len(bad) else None,
+                reward=env.reward(task, decode(lm.tokenizer, c.token_ids)),
+                logprobs=token_logprobs(logits, tokens, temperature).tolist(),
+            )
+        )
+    return out
+
+
+def judge_group(
+    entry: SubmittedRollout,
+    policy: LoadedPolicy,
+    evidence: Sequence[CompletionEvidence],
+    reward_tolerance: float,
+) -> list[VerifiedCompletion]:
+    """Proof, sampling replay, termination and reward of every completion, in that order."""
+    sub, lease = entry.submission, entry.lease
+    for i, ev in enumerate(evidence):
+        if not ev.proof.ok:
+            raise Refusal("bad_proof", f"completion {i}: {ev.proof.reason}")
+    out: list[VerifiedCompletion] = []
+    for i, (c, ev) in enumerate(zip(sub.completions, evidence, strict=True)):
+        if ev.first_bad_position is not None:
+            raise Refusal(
+                "sampling_mismatch",
+                f"completion {i}: token {ev.first_bad_position} is not the seeded choice",
+            )
+        if not termination_ok(
+            c.token_ids, c.finish_reason, policy.lm.eos_ids, lease.sampling.max_new_tokens
+        ):
+            raise Refusal(
+                "bad_termination",
+                f"completion {i} ({c.finish_reason}) does not stop at its first EOS or at "
+                f"max_new_tokens={lease.sampling.max_new_tokens}",
+            )
+        if c.claimed_reward is not None and abs(c.claimed_reward - ev.reward) > reward_tolerance:
+            raise Refusal(
+                "reward_mismatch", f"completion {i} claims {c.claimed_reward}, scores {ev.reward}"
+            )
+        out.append(
+            VerifiedCompletion(token_ids=c.token_ids, logprobs=ev.logprobs, reward=ev.reward)
+        )
+    return out
+
+
+def check_completions(
+    entry: SubmittedRollout,
+    policy: LoadedPolicy,
+    hiddens: Sequence[torch.Tensor],
+    reward_tolerance: float = 1e-6,
+    acceptance: Acceptance | None = None,
+) -> list[VerifiedCompletion]:
+    """Measure and judge a group against the limits calibrated for its prover engine."""
+    acceptance = acceptance or acceptance_for(entry.submission.backend)
+    if acceptance is None:
+        raise Refusal("malformed", f"no calibrated limits for backend {entry.submission.backend!r}")
+    evidence = measure_group(entry, policy, hiddens, acceptance)
+    return judge_group(entry, policy, evidence, reward_tolerance)
