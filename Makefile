@@ -13,7 +13,7 @@ TORCH_INDEX ?=
 ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup up test test-all bench bench-rl bench-toploc bench-shardcast lint fmt clean
+.PHONY: setup up test test-all bench bench-rl bench-toploc bench-noise bench-shardcast lint fmt clean
 
 setup: $(VENV)/.installed $(ANVIL) redis
 
@@ -43,10 +43,13 @@ test: setup
 test-all: setup
 	$(PY) -m pytest -q
 
-bench: setup bench-rl bench-toploc bench-shardcast
+bench: setup bench-rl bench-toploc bench-noise bench-shardcast
 
 bench-rl:
 	$(PY) bench/rl_offline.py
+
+bench-noise:
+	$(PY) bench/noise_bench.py
 
 # The reference TOPLOC (PyPI toploc 0.1.6, tied to torch 2.6.0) lives in a venv of its own.
 TOPLOC_REF := bench/.venv-toploc-ref

@@ -82,14 +82,16 @@ def worker_and_validator(
     clock.stop("gen")
     clock.start()
     flat = [(p, c) for p, grp in zip(prompts, groups, strict=True) for c in grp]
-    hiddens = prefill_hidden(worker, [(p, c.token_ids) for p, c in flat], RECIPE.precision)
-    tol = acceptance_for("hf").replay_tolerance  # type: ignore[union-attr]
-    bf16 = worker.cast(RECIPE.precision)
+    accept = acceptance_for("hf")
+    assert accept is not None
+    ref = worker.cast(accept.reference_precision)
+    hiddens = prefill_hidden(ref, [(p, c.token_ids) for p, c in flat], accept.reference_precision)
+    tol = accept.replay_tolerance
     rollouts: list[list[Rollout]] = [[] for _ in tasks]
     rejected = 0
     for i, ((p, c), hidden) in enumerate(zip(flat, hiddens, strict=True)):
         g, j = divmod(i, args.group_size)
-        logits = bf16.head_logits(hidden)
+        logits = ref.head_logits(hidden)
         ok = float(replay_gaps(logits, c.token_ids, args.temperature, seeds[g], j).max()) <= tol
         ok &= termination_ok(c.token_ids, c.finish_reason, worker.eos_ids, args.max_new_tokens)
         if not ok:

@@ -1,13 +1,15 @@
-"""TOPLOC + validator benchmark: honest rollouts, attacks, overhead, speed, reference comparison.
+"""TOPLOC + validator benchmark: honest noise, calibrated limits, attacks, precision variants, cost.
 
-Runs the validator's real check functions in-process on real generations of the project's tiny
-model (the warm-started policy cached under .cache/), and writes bench/results/toploc.json:
+Runs the validator's real decision path (libs/rollout: admission, prefill, measure, judge) in
+process on real generations of the hf backend, and writes bench/results/toploc.json:
 
-    .venv/bin/python bench/toploc_bench.py [--honest 1000] [--trials 50]
+    .venv/bin/python bench/toploc_bench.py [--honest 1000] [--trials 50] [--no-reference]
 
-Honest rollouts vary the generation batch size, the torch thread count and the batch
-composition (which prompts share a batch, their lengths); the validator re-batches them
-differently again. Every attack is a fresh lease cheated in one specific way.
+Honest rollouts vary what honestly varies between a worker and a validator: the worker's batch
+size and composition (which leases share a KV-cached decode), the thread count, and the KV-cached
+decode itself against the validator's full prefill, which re-batches them differently again. The
+limits in libs/rollout/calibration.py are held against every statistic's honest distribution
+(`honest_distribution`, `margins`), and every attack is a fresh lease cheated in one way.
 """
 
 from __future__ import annotations
@@ -27,22 +29,23 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from prime_swarm.libs.model.backend import Generation
 from prime_swarm.libs.model.build import init_tiny_model
+from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.io import load_pretrained
-from prime_swarm.libs.model.tokenizer import build_tokenizer, decode, encode
+from prime_swarm.libs.model.tokenizer import build_tokenizer, decode, prompt_ids
 from prime_swarm.libs.policy.store import LoadedPolicy
-from prime_swarm.libs.rl.defaults import RL
 from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rl.forward import forward_completions
-from prime_swarm.libs.rl.sampling import (
-    generate_captured,
-    gumbel_noise,
-    perturbed_scores,
-    prefill_at,
-)
 from prime_swarm.libs.rl.sft import warm_start
+from prime_swarm.libs.rollout import verify
+from prime_swarm.libs.rollout.admission import Refusal, check_admission
+from prime_swarm.libs.rollout.calibration import Acceptance, acceptance_for
+from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.libs.toploc import (
     ProofContext,
+    Thresholds,
     build_proofs_batch,
     group_contexts,
     verify_proofs_batch,
@@ -54,7 +57,6 @@ from prime_swarm.protocol.messages import (
     SamplingParams,
     SubmittedRollout,
 )
-from prime_swarm.services.validator import checks
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache" / "models"
@@ -62,56 +64,106 @@ REF_PY = REPO / "bench" / ".venv-toploc-ref" / "bin" / "python"
 WORKER = "0x" + "ab" * 20
 OTHER_WORKER = "0x" + "cd" * 20
 CURRENT = 10  # the trainer's step; the claimed policy is v10
-ENV = get_env("reverse")
+RECIPE = Recipe()
+ENV = get_env(RECIPE.env)
+HF = HFBackend(RECIPE.precision)
+ACCEPT: Acceptance = acceptance_for("hf")  # type: ignore[assignment]
+TINY_DESCRIPTION = "warm-started tiny Qwen2 (2 layers, hidden 128, 4/2 heads, byte-level BPE)"
 
 
 # --------------------------------------------------------------------------- models
-def models() -> dict[str, LoadedPolicy]:
-    tok = build_tokenizer()
-    base = warm_start(0, CACHE / "warm-seed0-steps400", seed=0)
+def _perturbed(lm: CausalLM, fn) -> CausalLM:  # noqa: ANN001
+    """A copy of `lm` whose every weight matrix went through `fn` (norms and biases kept)."""
+    module = copy.deepcopy(lm.module)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.ndim >= 2:
+                p.copy_(fn(p.float()).to(p.dtype))
+    return CausalLM(module.eval(), lm.tokenizer)
+
+
+def quantized(bits: int):  # noqa: ANN201
+    """Symmetric per-output-channel quantize-dequantize: what an int8/int4 worker computes with."""
+    levels = 2 ** (bits - 1) - 1
+
+    def fn(w: torch.Tensor) -> torch.Tensor:
+        scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / levels
+        return (w / scale).round().clamp(-levels, levels) * scale
+
+    return fn
+
+
+def neighbour(rel: float, seed: int = 0):  # noqa: ANN201
+    """A fine-tuned neighbour: every tensor moved by Gaussian noise of `rel` x its RMS."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def fn(w: torch.Tensor) -> torch.Tensor:
+        rms = w.pow(2).mean().sqrt()
+        return w + rel * rms * torch.randn(w.shape, generator=gen)
+
+    return fn
+
+
+def models(base_dir: Path | None) -> dict[str, LoadedPolicy]:
+    base = base_dir or warm_start(0, CACHE / "warm-seed0-steps400", seed=0)
     far = warm_start(0, CACHE / "warm-seed0-steps60", seed=0, steps=60)
-    m2, _ = load_pretrained(base)
-    # v8, v9, v10: two further optimizer steps at the RL learning rate, like trainer steps.
-    chain = [copy.deepcopy(m2)]
-    opt = torch.optim.AdamW(m2.parameters(), lr=RL.lr, weight_decay=0.0)
-    m2.train()
+    lm = load_pretrained(base)
+    tok = lm.tokenizer
+    eos = min(lm.eos_ids)
+    # v8, v9, v10: two further optimizer steps at an RL-sized learning rate, like trainer steps.
+    chain = [copy.deepcopy(lm)]
+    opt = torch.optim.AdamW(lm.module.parameters(), lr=5e-4, weight_decay=0.0)
+    lm.module.train()
     for step in range(2):
         tasks = ENV.sample_tasks(777 + step, 64, "train")
-        pairs = [(encode(tok, t.prompt, add_bos=True), [*encode(tok, t.answer), 2]) for t in tasks]
-        logits, _, targets, mask = forward_completions(m2, pairs)
+        pairs = [
+            (
+                prompt_ids(tok, t.prompt),
+                [*tok(t.answer, add_special_tokens=False)["input_ids"], eos],
+            )
+            for t in tasks
+        ]
+        logits, _, targets, mask = forward_completions(lm, pairs)
         loss = torch.nn.functional.cross_entropy(logits[mask], targets[mask])
         opt.zero_grad()
         loss.backward()
         opt.step()
-        chain.append(copy.deepcopy(m2).eval())
-    far_model, _ = load_pretrained(far)
-    out = {
-        "v8": LoadedPolicy(8, "h8" * 32, chain[0].eval(), tok),
-        "v9": LoadedPolicy(9, "h9" * 32, chain[1], tok),
-        "v10": LoadedPolicy(10, "ha" * 32, chain[2], tok),
-        "far": LoadedPolicy(10, "ha" * 32, far_model.eval(), tok),
-        "other_seed": LoadedPolicy(10, "ha" * 32, init_tiny_model(1).eval(), tok),
+        chain.append(copy.deepcopy(lm))
+    for c in chain:
+        c.module.eval()
+    v10 = chain[2]
+    policy = lambda v, m: LoadedPolicy(v, f"{v:02x}" * 32, m)  # noqa: E731
+    return {
+        "v8": policy(8, chain[0]),
+        "v9": policy(9, chain[1]),
+        "v10": policy(10, v10),
+        "far": policy(10, load_pretrained(far)),
+        "other_seed": policy(10, CausalLM(init_tiny_model(1), build_tokenizer())),
+        "int8": policy(10, _perturbed(v10, quantized(8))),
+        "int4": policy(10, _perturbed(v10, quantized(4))),
+        "neighbour_1pct": policy(10, _perturbed(v10, neighbour(0.01))),
     }
-    return out
 
 
 # --------------------------------------------------------------------------- leases
 _lease_no = 0
 
 
-def new_lease(rng: random.Random, group_size: int = 8) -> Lease:
+def new_lease(rng: random.Random) -> Lease:
     global _lease_no
     _lease_no += 1
-    task = ENV.task_from_id(f"reverse/train/{rng.randrange(10**6)}")
+    task = ENV.task_from_id(f"{ENV.name}/train/{rng.randrange(10**6)}")
     return Lease(
         lease_id=f"lease-{_lease_no}",
         worker=WORKER,
         pool_id=1,
-        env="reverse",
+        env=ENV.name,
         task_id=task.task_id,
         prompt=task.prompt,
-        group_size=group_size,
-        sampling=SamplingParams(temperature=1.0, max_new_tokens=RL.max_new_tokens),
+        group_size=RECIPE.group_size,
+        sampling=SamplingParams(
+            temperature=RECIPE.temperature, max_new_tokens=RECIPE.max_new_tokens
+        ),
         seed=rng.randrange(1 << 62),
         min_policy_version=8,
         expires_at=time.time() + 3600,
@@ -122,44 +174,34 @@ def new_lease(rng: random.Random, group_size: int = 8) -> Lease:
 class Generated:
     lease: Lease
     prompt_ids: list[int]
-    completions: list  # CapturedCompletion
+    completions: list[Generation]
 
 
 def generate_for(
     policy: LoadedPolicy,
     leases: list[Lease],
-    precision: str = "bf16",
+    backend: HFBackend = HF,
     seeds: list[int] | None = None,
     prompts: list[str] | None = None,
 ) -> tuple[list[Generated], float]:
-    tok = policy.tokenizer
-    pids = [
-        encode(tok, p or lease.prompt, add_bos=True) for lease, p in _zip_prompts(leases, prompts)
-    ]
+    tok = policy.lm.tokenizer
+    texts = prompts or [lease.prompt for lease in leases]
+    pids = [prompt_ids(tok, t) for t in texts]
     t0 = time.perf_counter()
-    groups = generate_captured(
-        policy.model,
+    groups = backend.generate(
+        policy.lm,
         pids,
         seeds or [lease.seed for lease in leases],
         group_size=leases[0].group_size,
         max_new_tokens=leases[0].sampling.max_new_tokens,
         temperature=leases[0].sampling.temperature,
-        eos_id=policy.model.config.eos_token_id,
-        precision=precision,
     )
     dt = time.perf_counter() - t0
     return [Generated(lease, p, g) for lease, p, g in zip(leases, pids, groups, strict=True)], dt
 
 
-def _zip_prompts(leases: list[Lease], prompts: list[str] | None) -> list[tuple[Lease, str | None]]:
-    return list(zip(leases, prompts or [None] * len(leases), strict=True))
-
-
 def submit(
-    gen: Generated,
-    claimed: LoadedPolicy,
-    hiddens: list[torch.Tensor] | None = None,
-    submission_id: str | None = None,
+    gen: Generated, claimed: LoadedPolicy, hiddens: list[torch.Tensor] | None = None
 ) -> tuple[SubmittedRollout, float]:
     """Proofs over the captured hidden states, bound to the claimed policy; claims rewards."""
     lease = gen.lease
@@ -175,7 +217,7 @@ def submit(
             token_ids=c.token_ids,
             finish_reason=c.finish_reason,
             proof=p,
-            claimed_reward=ENV.reward(task, decode(claimed.tokenizer, c.token_ids)),
+            claimed_reward=ENV.reward(task, decode(claimed.lm.tokenizer, c.token_ids)),
         )
         for c, p in zip(gen.completions, proofs, strict=True)
     ]
@@ -188,40 +230,37 @@ def submit(
         prompt_token_ids=gen.prompt_ids,
         completions=samples,
     )
-    return SubmittedRollout(
-        submission_id=submission_id or f"sub-{lease.lease_id}", lease=lease, submission=sub
-    ), dt
+    return SubmittedRollout(submission_id=f"sub-{lease.lease_id}", lease=lease, submission=sub), dt
 
 
 # --------------------------------------------------------------------------- the validator
+STATS = ("exp_mismatches", "sign_mismatches", "mant_err_mean", "mant_err_median")
+
+
 class Validator:
-    """The service's decision path, in process: structural checks, duplicate detection by content
-    hash (SET NX semantics, as in loop.Validator._first_sighting, with a dict for Redis), one
-    batched prefill per policy version, then check_completions."""
+    """The service's decision path, in process: admission, duplicate detection by content hash
+    (SET NX semantics, with a dict for Redis), one batched prefill per policy version, then
+    measure + judge. Every group's evidence is kept for the distributions."""
 
     def __init__(self, policies: dict[int, LoadedPolicy]) -> None:
         self.policies = policies
         self.seen: dict[str, str] = {}
-        self.stats: list[dict] = []
+        self.evidence: dict[str, list[verify.CompletionEvidence]] = {}
 
-    def first_sighting(self, e: SubmittedRollout) -> bool:
-        held = self.seen.setdefault(e.submission.content_hash(), e.submission_id)
-        return held == e.submission_id
-
-    def validate(self, entries: list[SubmittedRollout]) -> list[str | None]:
-        verdicts: list[str | None] = [None] * len(entries)
+    def validate(self, entries: list[SubmittedRollout]) -> list[str]:
+        verdicts: list[str] = [""] * len(entries)
         live = []
         for i, e in enumerate(entries):
             try:
-                checks.check_lease(e)
-                checks.check_version(e, CURRENT, RL.async_level)
-                if not self.first_sighting(e):
-                    raise checks.Rejection("duplicate", "seen before")
+                check_admission(e.submission, e.lease, CURRENT, RECIPE.async_level)
+                held = self.seen.setdefault(e.submission.content_hash(), e.submission_id)
+                if held != e.submission_id:
+                    raise Refusal("duplicate", "seen before")
                 policy = self.policies[e.submission.policy_version]
-                checks.check_prompt(e, policy)
-                checks.check_shapes(e, policy)
+                verify.check_prompt(e, policy.lm)
+                verify.check_shapes(e, policy.lm)
                 live.append(i)
-            except checks.Rejection as rej:
+            except Refusal as rej:
                 verdicts[i] = rej.reason
         by_version: dict[int, list[int]] = {}
         for i in live:
@@ -233,57 +272,56 @@ class Validator:
                 for i in idx
                 for c in entries[i].submission.completions
             ]
-            outs = prefill_at(policy.model, seqs)
+            hiddens = verify.prefill_hidden(policy.lm, seqs, ACCEPT.reference_precision)
             at = 0
             for i in idx:
                 n = len(entries[i].submission.completions)
-                mine, at = outs[at : at + n], at + n
+                mine, at = hiddens[at : at + n], at + n
                 try:
-                    checks.check_completions(
-                        entries[i],
-                        policy,
-                        mine,
-                        checks.REPLAY_TOLERANCE,
-                        1e-6,
-                        checks.MIN_EXACT_FRACTION,
-                    )
+                    ev = verify.measure_group(entries[i], policy, mine, ACCEPT)
+                    self.evidence[entries[i].submission_id] = ev
+                    verify.judge_group(entries[i], policy, ev, 1e-6)
                     verdicts[i] = "accepted"
-                except checks.Rejection as rej:
+                except Refusal as rej:
                     verdicts[i] = rej.reason
                 except Exception as exc:  # noqa: BLE001 - counted as a crash below
                     verdicts[i] = f"CRASH {type(exc).__name__}: {exc}"
-                self.stats.append(self._stats(entries[i], policy, mine))
         return verdicts
 
-    @staticmethod
-    def _stats(e: SubmittedRollout, policy: LoadedPolicy, mine: list) -> dict:
-        """The margins an honest group keeps: exact fraction and worst replay gap."""
-        sub, lease = e.submission, e.lease
-        ctxs = group_contexts(
-            policy.model_hash, lease.lease_id, [c.token_ids for c in sub.completions]
-        )
-        res = verify_proofs_batch(
-            [m.hidden for m in mine], [c.proof for c in sub.completions], ctxs
-        )
-        pts = sum(r.n_points for r in res)
-        exact = sum(r.exact_matches for r in res) / pts if pts else 0.0
-        gap = 0.0
-        worst = None
-        for i, (c, m) in enumerate(zip(sub.completions, mine, strict=True)):
-            for pos, tok in enumerate(c.token_ids):
-                noise = gumbel_noise(lease.seed, i, pos, m.logits.shape[-1])
-                s = perturbed_scores(m.logits[pos], lease.sampling.temperature, noise)
-                gap = max(gap, float(s.max() - s[tok]))
-            for st in (r for r in res for r in r.chunks):
-                worst = st if worst is None or st.exp_mismatches > worst.exp_mismatches else worst
-        return {"exact": exact, "gap": gap, "exp_mis": worst.exp_mismatches if worst else 0}
+
+def distribution(evs: list[list[verify.CompletionEvidence]]) -> dict[str, dict[str, float]]:
+    """Per statistic over every chunk (replay gap: over every completion): quantiles and max."""
+    chunks = [st for group in evs for ev in group for st in ev.proof.chunks]
+    values = {name: np.array([getattr(st, name) for st in chunks], dtype=float) for name in STATS}
+    values["replay_gap"] = np.array([ev.max_replay_gap for g in evs for ev in g], dtype=float)
+    out = {}
+    for name, v in values.items():
+        if v.size == 0:
+            continue
+        out[name] = {
+            "n": int(v.size),
+            "p50": float(np.quantile(v, 0.5)),
+            "p99": float(np.quantile(v, 0.99)),
+            "max": float(v.max()),
+        }
+    return out
+
+
+def limits(t: Thresholds, tol: float) -> dict[str, float]:
+    return {
+        "exp_mismatches": float(t.max_exp_mismatches),
+        "sign_mismatches": float(t.max_sign_mismatches),
+        "mant_err_mean": t.max_mant_err_mean,
+        "mant_err_median": t.max_mant_err_median,
+        "replay_gap": tol,
+    }
 
 
 # --------------------------------------------------------------------------- honest
 def honest_run(
-    policies: dict[str, LoadedPolicy], validator: Validator, n_target: int, rng: random.Random
+    p: dict[str, LoadedPolicy], validator: Validator, n_target: int, rng: random.Random
 ) -> dict:
-    v10 = policies["v10"]
+    v10 = p["v10"]
     gen_s = prove_s = 0.0
     gen_tokens = 0
     produced: list[SubmittedRollout] = []
@@ -291,11 +329,9 @@ def honest_run(
     batch_sizes = [1, 2, 3, 5, 8, 13, 16]
     threads = [1, 2]
     while len(produced) < n_target:
-        bs = rng.choice(batch_sizes)
-        th = rng.choice(threads)
+        bs, th = rng.choice(batch_sizes), rng.choice(threads)
         torch.set_num_threads(th)
-        leases = [new_lease(rng) for _ in range(bs)]
-        gens, dt = generate_for(v10, leases)
+        gens, dt = generate_for(v10, [new_lease(rng) for _ in range(bs)])
         gen_s += dt
         gen_tokens += sum(len(c.token_ids) for g in gens for c in g.completions)
         for g in gens:
@@ -307,7 +343,7 @@ def honest_run(
     # The validator re-batches differently: shuffled, other batch sizes and thread counts.
     order = list(range(len(produced)))
     rng.shuffle(order)
-    verdicts: dict[int, str | None] = {}
+    verdicts: dict[int, str] = {}
     val_s = 0.0
     val_tokens = 0
     i = 0
@@ -322,25 +358,42 @@ def honest_run(
         verdicts.update(zip(idx, out, strict=True))
         i += bs
     rejected = {j: v for j, v in verdicts.items() if v != "accepted"}
-    st = validator.stats[-len(produced) :]
-    proof_bytes = sum(len(c.proof) for e in produced for c in e.submission.completions)
     return {
-        "honest_rollouts": len(produced),
-        "honest_completions": sum(len(e.submission.completions) for e in produced),
+        "rollouts": len(produced),
+        "completions": sum(len(e.submission.completions) for e in produced),
         "false_rejections": len(rejected),
         "false_rejection_reasons": sorted({str(v) for v in rejected.values()}),
         "gen_batch_sizes": sorted({c[0] for c in configs}),
         "thread_counts": threads,
-        "min_exact_fraction_honest": min(s["exact"] for s in st),
-        "max_replay_gap_honest": max(s["gap"] for s in st),
-        "max_exp_mismatches_honest": max(s["exp_mis"] for s in st),
         "gen_s": gen_s,
         "gen_tokens": gen_tokens,
         "prove_s": prove_s,
         "val_s": val_s,
         "val_tokens": val_tokens,
-        "proof_bytes": proof_bytes,
+        "proof_bytes": sum(len(c.proof) for e in produced for c in e.submission.completions),
+        "evidence": [validator.evidence[e.submission_id] for e in produced],
         "produced": produced,
+    }
+
+
+def variant_run(
+    p: dict[str, LoadedPolicy], validator: Validator, precision: str, n: int, rng: random.Random
+) -> dict:
+    """A worker computing in another precision: more work, not less; must be accepted."""
+    backend = HFBackend(precision)
+    verdicts, ids = [], []
+    for _ in range(n):
+        (g,), _ = generate_for(p["v10"], [new_lease(rng)], backend)
+        e = submit(g, p["v10"])[0]
+        verdicts += validator.validate([e])
+        ids.append(e.submission_id)
+    evs = [validator.evidence[i] for i in ids if i in validator.evidence]
+    rejected = [v for v in verdicts if v != "accepted"]
+    return {
+        "rollouts": n,
+        "false_rejections": len(rejected),
+        "reasons": sorted(set(rejected)),
+        "distribution": distribution(evs),
     }
 
 
@@ -369,8 +422,8 @@ def forge_proof(
     elif kind == "flipped_signs":
         c = g.completions[i]
         ctx = ProofContext(
-            "ha" * 32, e.lease.lease_id, i, c.token_ids
-        )  # a correct context, but the committed values are negated
+            f"{e.submission.policy_version:02x}" * 32, e.lease.lease_id, i, c.token_ids
+        )
         proof = bytearray(build_proofs_batch([-c.hidden], [ctx])[0])
     elif kind == "garbage":
         proof = bytearray(rng.randbytes(len(proof)))
@@ -402,45 +455,46 @@ FORGERIES = [
     "header_context_rewritten",
     "huge_header",
 ]
+# Generate with these weights, claim v10: each must be told from honest noise.
+WRONG_WEIGHTS = {
+    "different_model_other_checkpoint": "far",
+    "different_model_other_seed": "other_seed",
+    "quantized_int8": "int8",
+    "quantized_int4": "int4",
+    "finetuned_neighbour_1pct_rms": "neighbour_1pct",
+    "older_weights_1": "v9",
+    "older_weights_2": "v8",
+}
 
 
 def attack_entries(name: str, p: dict[str, LoadedPolicy], rng: random.Random, n: int) -> list:
     """``n`` cheating submissions of kind ``name`` (validated as they come, one by one)."""
     v10 = p["v10"]
-    out = []
+    out: list = []
+    vocab = v10.lm.vocab_size
     for t in range(n):
-        if name == "different_model_other_checkpoint":
-            (g,), _ = generate_for(p["far"], [new_lease(rng)])
-            out.append(submit(g, v10)[0])
-        elif name == "different_model_other_seed":
-            (g,), _ = generate_for(p["other_seed"], [new_lease(rng)])
-            out.append(submit(g, v10)[0])
-        elif name in ("different_precision_fp32", "different_precision_fp16"):
-            (g,), _ = generate_for(v10, [new_lease(rng)], precision=name.rsplit("_", 1)[1])
-            out.append(submit(g, v10)[0])
-        elif name in ("older_weights_1", "older_weights_2"):
-            old = p["v9"] if name.endswith("1") else p["v8"]
-            (g,), _ = generate_for(old, [new_lease(rng)])
+        if name in WRONG_WEIGHTS:
+            (g,), _ = generate_for(p[WRONG_WEIGHTS[name]], [new_lease(rng)])
             out.append(submit(g, v10)[0])
         elif name == "tampered_prompt":
             lease = new_lease(rng)
-            easy = ENV.task_from_id(f"reverse/train/{rng.randrange(10**6)}").prompt
+            easy = ENV.task_from_id(f"{ENV.name}/train/{rng.randrange(10**6)}").prompt
             (g,), _ = generate_for(v10, [lease], prompts=[easy])
             e = submit(g, v10)[0]
             if t % 2:  # claim the leased prompt's tokens for a generation on another prompt
-                pids = encode(v10.tokenizer, lease.prompt, add_bos=True)
+                pids = prompt_ids(v10.lm.tokenizer, lease.prompt)
                 sub = e.submission.model_copy(update={"prompt_token_ids": pids})
                 e = e.model_copy(update={"submission": sub})
             out.append(e)
         elif name == "tampered_completion_token":
-            g, e = honest_one(p, rng)
+            _, e = honest_one(p, rng)
             i = rng.randrange(len(e.submission.completions))
             toks = list(e.submission.completions[i].token_ids)
             pos = rng.randrange(len(toks))
-            toks[pos] = rng.choice([t for t in range(3, 86) if t != toks[pos]])
+            toks[pos] = rng.choice([t for t in range(vocab - 3) if t != toks[pos]])
             out.append(with_completion(e, i, token_ids=toks))
         elif name == "truncated_completion":
-            g, e = honest_one(p, rng)
+            _, e = honest_one(p, rng)
             long = [i for i, c in enumerate(e.submission.completions) if len(c.token_ids) > 1]
             i = rng.choice(long)
             toks = e.submission.completions[i].token_ids
@@ -448,16 +502,15 @@ def attack_entries(name: str, p: dict[str, LoadedPolicy], rng: random.Random, n:
             fr = "eos" if t % 2 else "length"
             out.append(with_completion(e, i, token_ids=cut, finish_reason=fr))
         elif name == "sampling_ignores_seed":
-            lease = new_lease(rng)
-            (g,), _ = generate_for(v10, [lease], seeds=[rng.randrange(1 << 62)])
+            (g,), _ = generate_for(v10, [new_lease(rng)], seeds=[rng.randrange(1 << 62)])
             out.append(submit(g, v10)[0])  # right model, valid proofs, wrong noise
         elif name == "inflated_reward":
-            g, e = honest_one(p, rng)
+            _, e = honest_one(p, rng)
             i = rng.randrange(len(e.submission.completions))
             c = e.submission.completions[i]
             out.append(with_completion(e, i, claimed_reward=(c.claimed_reward or 0) + 0.25))
         elif name == "replayed_submission":
-            g, e = honest_one(p, rng)
+            _, e = honest_one(p, rng)
             out.append(("pair", e))
         elif name == "forged_proof":
             g, e = honest_one(p, rng)
@@ -468,8 +521,9 @@ def attack_entries(name: str, p: dict[str, LoadedPolicy], rng: random.Random, n:
 REQUIRED = [
     "different_model_other_checkpoint",
     "different_model_other_seed",
-    "different_precision_fp32",
-    "different_precision_fp16",
+    "quantized_int8",
+    "quantized_int4",
+    "finetuned_neighbour_1pct_rms",
     "tampered_prompt",
     "tampered_completion_token",
     "truncated_completion",
@@ -486,12 +540,12 @@ def run_attack(
 ) -> dict:
     reasons: dict[str, int] = {}
     detected = crashes = 0
+    ids = []
     for item in attack_entries(name, p, rng, n):
         if isinstance(item, tuple):  # replay: the original is accepted, then replayed
             e = item[1]
             first = validator.validate([e])[0]
             assert first == "accepted", first
-            # the same work later, under another submission id and by another worker
             sub = e.submission.model_copy(update={"worker": OTHER_WORKER})
             lease = e.lease.model_copy(update={"worker": OTHER_WORKER})
             replay = e.model_copy(
@@ -504,16 +558,24 @@ def run_attack(
             v = validator.validate([replay])[0]
         else:
             v = validator.validate([item])[0]
+            ids.append(item.submission_id)
         reasons[str(v)] = reasons.get(str(v), 0) + 1
         crashes += str(v).startswith("CRASH")
-        detected += v not in ("accepted", None) and not str(v).startswith("CRASH")
-    return {"trials": n, "detected": detected, "crashes": crashes, "reasons": reasons}
+        detected += v not in ("accepted", "") and not str(v).startswith("CRASH")
+    evs = [validator.evidence[i] for i in ids if i in validator.evidence]
+    return {
+        "trials": n,
+        "detected": detected,
+        "crashes": crashes,
+        "reasons": reasons,
+        "distribution": distribution(evs) if name in WRONG_WEIGHTS else {},
+    }
 
 
 # --------------------------------------------------------------------------- overhead
 def pipelined_overhead(p: dict[str, LoadedPolicy], rng: random.Random, n: int = 60) -> dict:
     """Wall time of answering n leases back to back, proofs on (background thread) vs off."""
-    from prime_swarm.services.worker.rollout import ProofBuilder, start_lease
+    from prime_swarm.libs.rollout.answer import ProofBuilder, start_lease
 
     torch.set_num_threads(1)
     leases = [new_lease(rng) for _ in range(n)]
@@ -526,10 +588,11 @@ def pipelined_overhead(p: dict[str, LoadedPolicy], rng: random.Random, n: int = 
     t0 = time.perf_counter()
     pending = None
     for lease in leases:
-        job = start_lease(v10, lease, builder=builder)
+        job = start_lease(v10, lease, HF, builder)
         if pending is not None:
             pending.result()
         pending = job
+    assert pending is not None
     pending.result()
     with_proofs = time.perf_counter() - t0
     builder.close()
@@ -555,9 +618,10 @@ def reference_block(honest: dict, p: dict[str, LoadedPolicy], rng: random.Random
     for e in honest["produced"][:64]:
         seqs = [(e.submission.prompt_token_ids, c.token_ids) for c in e.submission.completions]
         gens, _ = generate_for(v10, [e.lease])
-        for c, pre in zip(gens[0].completions, prefill_at(v10.model, seqs), strict=True):
+        mine = verify.prefill_hidden(v10.lm, seqs, ACCEPT.reference_precision)
+        for c, pre in zip(gens[0].completions, mine, strict=True):
             pairs_p.append(c.hidden)
-            pairs_v.append(pre.hidden)
+            pairs_v.append(pre)
     tiny_p = [torch.cat(pairs_p)[: 32 * 64]]
     tiny_v = [torch.cat(pairs_v)[: 32 * 64]]
     # (b) synthetic: 64 chunks x 32 tokens x 4096, validator copy perturbed by float noise
@@ -590,7 +654,7 @@ def reference_block(honest: dict, p: dict[str, LoadedPolicy], rng: random.Random
             ours = build_proofs_batch(pv, ctx)
             ob = time.perf_counter() - t0
             t0 = time.perf_counter()
-            res = verify_proofs_batch(vv, ours, ctx)
+            res = verify_proofs_batch(vv, ours, ctx, ACCEPT.thresholds)
             ov = time.perf_counter() - t0
             chunks = r["chunks"]
             out[label] = {
@@ -632,22 +696,49 @@ def reference_block(honest: dict, p: dict[str, LoadedPolicy], rng: random.Random
     return out
 
 
+def margins(honest: dict, variants: dict, attacks: dict) -> dict:
+    """Per statistic: the limit over the worst accepted honest value (>= 1 means headroom), and
+    the smallest attack worst-case over the limit among weight attacks it alone would catch."""
+    lim = limits(ACCEPT.thresholds, ACCEPT.replay_tolerance)
+    dists = [honest["distribution"]] + [v["distribution"] for v in variants.values()]
+    out = {}
+    for name, limit in lim.items():
+        worst = max((d[name]["max"] for d in dists if name in d), default=0.0)
+        out[name] = {
+            "limit": limit,
+            "honest_worst": worst,
+            "limit_over_honest_worst": limit / worst if worst else None,
+            "attack_p50_over_limit": {
+                a: r["distribution"][name]["p50"] / limit
+                for a, r in attacks.items()
+                if r["distribution"] and name in r["distribution"] and limit
+            },
+        }
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--honest", type=int, default=1000)
     ap.add_argument("--trials", type=int, default=50)
+    ap.add_argument("--variants", type=int, default=100, help="rollouts per precision variant")
+    ap.add_argument("--model", type=Path, default=None, help="base model dir (default: tiny)")
     ap.add_argument("--out", default=str(REPO / "bench/results/toploc.json"))
     ap.add_argument("--no-reference", action="store_true")
     args = ap.parse_args()
     rng = random.Random(20250601)
     torch.manual_seed(0)
     started = time.time()
-    p = models()
-    policies = {8: p["v8"], 9: p["v9"], 10: p["v10"]}
-    validator = Validator(policies)
+    p = models(args.model)
+    validator = Validator({8: p["v8"], 9: p["v9"], 10: p["v10"]})
     honest = honest_run(p, validator, args.honest, rng)
-    print(json.dumps({k: v for k, v in honest.items() if k != "produced"}), file=sys.stderr)
+    honest["distribution"] = distribution(honest["evidence"])
+    print(
+        json.dumps({k: v for k, v in honest.items() if k not in ("produced", "evidence")}),
+        file=sys.stderr,
+    )
     torch.set_num_threads(2)
+    variants = {pr: variant_run(p, validator, pr, args.variants, rng) for pr in ("fp32", "fp16")}
     attacks = {n: run_attack(n, p, validator, rng, args.trials) for n in REQUIRED}
     measured = {n: run_attack(n, p, validator, rng, args.trials) for n in MEASURED}
     pipe = pipelined_overhead(p, rng)
@@ -659,37 +750,56 @@ def main() -> None:
     gen_spt = honest["gen_s"] / honest["gen_tokens"]
     val_spt = honest["val_s"] / honest["val_tokens"]
     result = {
-        "honest_rollouts": honest["honest_rollouts"],
-        "false_rejections": honest["false_rejections"],
+        "honest": {
+            "hf": {"rollouts": honest["rollouts"], "false_rejections": honest["false_rejections"]}
+        },
         "attacks": {
             k: {"trials": v["trials"], "detected": v["detected"]} for k, v in attacks.items()
+        },
+        "precision_variants": {
+            k: {"rollouts": v["rollouts"], "false_rejections": v["false_rejections"]}
+            for k, v in variants.items()
         },
         "measured": {
             k: {"trials": v["trials"], "detected": v["detected"]} for k, v in measured.items()
         },
+        "validate_vs_generate_cost": val_spt / gen_spt,
         "proof_overhead_pct": 100 * honest["prove_s"] / honest["gen_s"],
-        "validate_vs_generate_speed": gen_spt / val_spt,
+        "proof_critical_path_overhead_pct": pipe["critical_path_overhead_pct"],
         "bytes_per_token": honest["proof_bytes"] / honest["gen_tokens"],
+        "limits": {
+            "backend": "hf",
+            **limits(ACCEPT.thresholds, ACCEPT.replay_tolerance),
+        },
+        "honest_distribution": honest["distribution"],
+        "precision_variant_distribution": {k: v["distribution"] for k, v in variants.items()},
+        "attack_distribution": {
+            k: v["distribution"] for k, v in {**attacks, **measured}.items() if v["distribution"]
+        },
+        "margins": margins(honest, variants, {**attacks, **measured}),
         "reference": ref,
-        "cross_device": None,
         "details": {
-            "honest": {k: v for k, v in honest.items() if k != "produced"},
+            "honest_completions": honest["completions"],
+            "false_rejection_reasons": honest["false_rejection_reasons"],
+            "precision_variant_reasons": {k: v["reasons"] for k, v in variants.items()},
+            "gen_batch_sizes": honest["gen_batch_sizes"],
+            "thread_counts": honest["thread_counts"],
+            "gen_s_per_token": gen_spt,
+            "validate_s_per_token": val_spt,
             "attack_reasons": {k: v["reasons"] for k, v in {**attacks, **measured}.items()},
             "attack_crashes": sum(v["crashes"] for v in {**attacks, **measured}.values()),
             "forgeries_cycled": FORGERIES,
-            "min_exact_fraction_threshold": checks.MIN_EXACT_FRACTION,
-            "replay_tolerance": checks.REPLAY_TOLERANCE,
             "pipelined": pipe,
-            "bytes_per_token_full_chunks": (258 * 1 + 32) / 32,
-            "cross_device_why_null": "no GPU on this machine and none lent to this task",
-            "model": "warm-started TinyGPT (2 layers, 64 wide, vocab 86), bf16 pool precision",
+            "model": str(args.model) if args.model else TINY_DESCRIPTION,
             "cpu_threads_available": os.cpu_count(),
             "wall_s": time.time() - started,
         },
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))
+    print(
+        json.dumps({k: v for k, v in result.items() if k not in ("details", "reference")}, indent=2)
+    )
 
 
 if __name__ == "__main__":

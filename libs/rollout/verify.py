@@ -98,6 +98,7 @@ class CompletionEvidence:
     logprobs: list[float]
 
 
+@torch.no_grad()
 def measure_group(
     entry: SubmittedRollout,
     policy: LoadedPolicy,

@@ -7,13 +7,14 @@ import time
 from collections import defaultdict
 
 import redis
+import torch
 from eth_account.signers.local import LocalAccount
 
 from prime_swarm.libs.chain.client import LedgerClient
-from prime_swarm.libs.model.causal_lm import PRECISIONS
 from prime_swarm.libs.policy.store import LoadedPolicy, PolicyError, PolicyStore
 from prime_swarm.libs.rollout import verify
 from prime_swarm.libs.rollout.admission import Refusal, check_admission
+from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
@@ -69,7 +70,8 @@ class Validator:
             settings.trusted_trainer,
             keep=settings.keep_versions,
             timeout_s=settings.http_timeout_s,
-            dtype=PRECISIONS[settings.recipe.precision],
+            # Loaded in fp32: the most exact reference any calibrated backend is held against.
+            dtype=torch.float32,
             device=settings.device,
         )
         self.counts: dict[str, int] = defaultdict(int)
@@ -91,7 +93,10 @@ class Validator:
         started = time.monotonic()
         current = self.current_version()
         verdicts: list[tuple[str, SubmittedRollout, Verdict, VerifiedRollout | None]] = []
-        survivors: dict[int, list[tuple[str, SubmittedRollout, LoadedPolicy]]] = defaultdict(list)
+        # Grouped by (policy version, reference precision): one prefill per group.
+        survivors: dict[tuple[int, str], list[tuple[str, SubmittedRollout, LoadedPolicy]]] = (
+            defaultdict(list)
+        )
         undecodable: list[str] = []
         for e in entries:
             if e.message is None:
@@ -113,9 +118,16 @@ class Validator:
             except Refusal as rej:
                 verdicts.append((e.entry_id, msg, self._verdict(msg, rej), None))
                 continue
-            survivors[policy.version].append((e.entry_id, msg, policy))
+            acceptance = acceptance_for(msg.submission.backend)
+            if acceptance is None:  # the orchestrator refuses these; never trust that it did
+                rej = Refusal("malformed", f"backend {msg.submission.backend!r} is not calibrated")
+                verdicts.append((e.entry_id, msg, self._verdict(msg, rej), None))
+                continue
+            survivors[(policy.version, acceptance.reference_precision)].append(
+                (e.entry_id, msg, policy)
+            )
 
-        for items in survivors.values():
+        for (_, precision), items in survivors.items():
             # One padded prefill per policy version for the whole batch: the expensive part.
             policy = items[0][2]
             seqs = [
@@ -124,7 +136,6 @@ class Validator:
                 for c in m.submission.completions
             ]
             t0 = time.monotonic()
-            precision = self.s.recipe.precision
             try:
                 outputs: list | None = verify.prefill_hidden(policy.lm, seqs, precision)
             except Exception:  # never let one submission sink the batch: retry one by one

@@ -17,6 +17,7 @@ from types import ModuleType
 import pytest
 import yaml
 
+from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.services.orchestrator.settings import OrchestratorSettings
 from prime_swarm.services.relay.settings import RelaySettings
 from prime_swarm.services.trainer.settings import TrainerSettings
@@ -36,6 +37,7 @@ SETTINGS = {
     "PRIME_RELAY_": RelaySettings,
     "PRIME_WORKER_": WorkerSettings,
 }
+RECIPE_PREFIX = "PRIME_RECIPE_"
 # PRIME_* names read by something other than a settings class.
 OTHER_PRIME_VARS = {"PRIME_ANVIL_BIN", "PRIME_CHAIN_PRIVATE_KEY"}
 
@@ -198,6 +200,13 @@ def test_every_prime_variable_is_a_setting_of_its_service(
         for var in env_of(svc):
             if not var.startswith("PRIME_") or var in OTHER_PRIME_VARS:
                 continue
+            if var.startswith(RECIPE_PREFIX):
+                owner = SETTINGS.get(prefix_of(name) or "")
+                if var[len(RECIPE_PREFIX) :].lower() not in Recipe.model_fields:
+                    problems.append(f"{name}: {var} is not a field of Recipe")
+                if owner is None or "recipe" not in owner.model_fields:
+                    problems.append(f"{name}: {var} set on a service that takes no recipe")
+                continue
             found = settings_for(var)
             if found is None:
                 problems.append(f"{name}: {var} has no settings class")
@@ -213,6 +222,23 @@ def test_every_prime_variable_is_a_setting_of_its_service(
             if found is None or var[len(found[0]) :].lower() not in found[1].model_fields:
                 problems.append(f"deployer {file}: {var} is not a setting")
     assert not problems, "\n".join(problems)
+
+
+def test_the_recipe_is_set_once_for_every_service_that_takes_it(
+    services: dict[str, dict],
+) -> None:
+    """Orchestrator, validator and trainer must agree on group size, temperature, async level:
+    they read the same PRIME_RECIPE_* values, from one anchor."""
+    recipes = {}
+    for name, svc in services.items():
+        owner = SETTINGS.get(prefix_of(name) or "")
+        if owner is not None and "recipe" in owner.model_fields:
+            recipes[name] = {k: v for k, v in env_of(svc).items() if k.startswith(RECIPE_PREFIX)}
+    assert {"orchestrator", "validator", "trainer"} <= set(recipes)
+    first = next(iter(recipes.values()))
+    assert first, "no recipe variables set"
+    assert all(r == first for r in recipes.values()), recipes
+    Recipe(**{k[len(RECIPE_PREFIX) :].lower(): v for k, v in first.items()})
 
 
 def test_required_settings_are_provided(services: dict[str, dict], deployer: ModuleType) -> None:

@@ -1,47 +1,132 @@
+"""Model directories: the tiny Qwen2 written and read back as a Hugging Face directory."""
+
+from __future__ import annotations
+
 import json
+import shutil
+from pathlib import Path
 
+import pytest
 import torch
+from transformers import AutoConfig, Qwen2ForCausalLM
 
-from prime_swarm.libs.model.build import build_tiny_model
-from prime_swarm.libs.model.io import load_pretrained, save_pretrained, weights_sha256
+from prime_swarm.libs.model.build import TINY_ARCH, build_tiny_model, init_tiny_model
+from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.io import (
+    ModelDirError,
+    load_pretrained,
+    save_pretrained,
+    weights_sha256,
+)
+from prime_swarm.libs.model.tokenizer import build_tokenizer, prompt_ids
 
 
-def test_save_load_round_trip_gives_identical_logits(tmp_path):
-    out = build_tiny_model(7, tmp_path / "m")
-    model, tok = load_pretrained(out)
-    ids = torch.tensor([[1, 5, 6, 7, 8]])
-    save_pretrained(model, tok, tmp_path / "copy")
-    again, _ = load_pretrained(tmp_path / "copy")
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(7, tmp_path_factory.mktemp("io") / "m")
+
+
+def _ids(lm: CausalLM) -> torch.Tensor:
+    return torch.tensor([prompt_ids(lm.tokenizer, "rev 4821=") + [lm.tokenizer.eos_token_id]])
+
+
+def test_save_load_round_trip_gives_identical_logits(model_dir: Path, tmp_path: Path) -> None:
+    lm = load_pretrained(model_dir)
+    assert isinstance(lm, CausalLM) and isinstance(lm.module, Qwen2ForCausalLM)
+    # A CausalLM saves as its module; the copy must be the same weights, bit for bit.
+    copy = save_pretrained(lm, lm.tokenizer, tmp_path / "copy")
+    again = load_pretrained(copy)
+    ids = _ids(lm)
     with torch.no_grad():
-        assert torch.equal(model(ids)[0], again(ids)[0])
-    assert weights_sha256(out) == weights_sha256(tmp_path / "copy")
+        a, b = lm.module(ids).logits, again.module(ids).logits
+        assert torch.equal(a, b)
+        # ...and the same as the freshly initialised model that was saved in the first place.
+        assert torch.equal(init_tiny_model(7)(ids).logits, a)
+        assert torch.equal(lm.head_logits(lm.final_hidden(ids)), a)
+    assert weights_sha256(model_dir) == weights_sha256(copy)
+    assert again.eos_ids == lm.eos_ids == frozenset({258})
+    assert again.pad_id == lm.pad_id == 256
 
 
-def test_config_is_hf_style(tmp_path):
-    out = build_tiny_model(0, tmp_path / "m")
-    cfg = json.loads((out / "config.json").read_text())
-    assert cfg["model_type"] == "tiny_gpt"
-    assert cfg["architectures"] == ["TinyGPTForCausalLM"]
-    assert cfg["torch_dtype"] == "float32"
-    assert {"vocab_size", "n_layer", "n_head", "n_embd", "block_size"} <= cfg.keys()
-    assert sorted(p.name for p in out.iterdir()) == [
-        "config.json",
-        "model.safetensors",
-        "tokenizer.json",
-    ]
+def test_config_is_a_qwen2_hf_config(model_dir: Path) -> None:
+    cfg = json.loads((model_dir / "config.json").read_text())
+    assert cfg["model_type"] == "qwen2"
+    assert cfg["architectures"] == ["Qwen2ForCausalLM"]
+    assert cfg["dtype"] == "float32"
+    assert {k: cfg[k] for k in TINY_ARCH} == TINY_ARCH
+    tok = build_tokenizer()
+    assert cfg["vocab_size"] == len(tok)
+    assert (cfg["pad_token_id"], cfg["bos_token_id"], cfg["eos_token_id"]) == (256, 257, 258)
+    assert cfg["tie_word_embeddings"] is False
+    # Any transformers install reads it without our code (no custom model_type, no remote code).
+    auto = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    assert type(auto).__name__ == "Qwen2Config" and auto.hidden_size == TINY_ARCH["hidden_size"]
+    names = sorted(p.name for p in model_dir.iterdir())
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(names)
+    assert not [n for n in names if n.endswith((".bin", ".pt", ".pth", ".pkl"))]  # no pickles
 
 
-def test_build_is_deterministic_and_overwrite_leaves_no_temp_dirs(tmp_path):
+def test_build_is_deterministic_and_overwrite_leaves_no_temp_dirs(tmp_path: Path) -> None:
     a = build_tiny_model(1, tmp_path / "a")
     b = build_tiny_model(1, tmp_path / "b")
     assert weights_sha256(a) == weights_sha256(b)
     build_tiny_model(2, tmp_path / "a")  # replace in place
     assert weights_sha256(a) != weights_sha256(b)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+    assert weights_sha256(a) == weights_sha256(build_tiny_model(2, tmp_path / "c"))
+    # No hidden sibling temp or old dirs survive (".a.tmp-*", ".a.old-*").
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "c"]
 
 
-def test_load_casts_dtype(tmp_path):
-    out = build_tiny_model(0, tmp_path / "m")
-    model, _ = load_pretrained(out, dtype=torch.bfloat16)
-    assert next(model.parameters()).dtype == torch.bfloat16
-    assert not model.training
+def test_init_does_not_touch_the_global_rng() -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    init_tiny_model(5)
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_load_casts_dtype(model_dir: Path, dtype: torch.dtype) -> None:
+    lm = load_pretrained(model_dir, dtype=dtype)
+    assert lm.dtype == dtype
+    assert all(p.dtype == dtype for p in lm.module.parameters())
+    assert not lm.module.training
+    # The head still computes in fp32 over the low-precision hidden states.
+    ids = _ids(lm)
+    with torch.no_grad():
+        hidden = lm.final_hidden(ids)
+        assert hidden.dtype == dtype
+        logits = lm.head_logits(hidden)
+        assert logits.dtype == torch.float32
+        full = load_pretrained(model_dir)
+        ref = full.head_logits(full.final_hidden(ids))
+    assert torch.allclose(logits, ref, atol=0.1)
+
+
+def test_missing_config_or_weights_is_a_model_dir_error(model_dir: Path, tmp_path: Path) -> None:
+    no_config = tmp_path / "no_config"
+    shutil.copytree(model_dir, no_config)
+    (no_config / "config.json").unlink()
+    with pytest.raises(ModelDirError, match="config.json"):
+        load_pretrained(no_config)
+
+    no_weights = tmp_path / "no_weights"
+    shutil.copytree(model_dir, no_weights)
+    for f in no_weights.glob("*.safetensors"):
+        f.unlink()
+    # A pickle in place of safetensors is not a substitute: it would be code.
+    torch.save(init_tiny_model(7).state_dict(), no_weights / "pytorch_model.bin")
+    with pytest.raises(ModelDirError, match="safetensors"):
+        load_pretrained(no_weights)
+
+    with pytest.raises(ModelDirError):
+        load_pretrained(tmp_path / "does_not_exist")
+
+
+def test_unknown_model_type_is_a_model_dir_error(model_dir: Path, tmp_path: Path) -> None:
+    odd = tmp_path / "odd"
+    shutil.copytree(model_dir, odd)
+    cfg = json.loads((odd / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps({**cfg, "model_type": "no_such_arch"}))
+    with pytest.raises(ModelDirError):
+        load_pretrained(odd)

@@ -1,40 +1,120 @@
+"""One GRPO step on the tiny Qwen2, with realistic ids: prompts start with BOS, completions end
+with EOS. Float statistics are compared with tolerances: a step's forward runs with grad and in
+train mode, the behaviour log-probs without, and multi-threaded kernels need not round alike."""
+
+from __future__ import annotations
+
+import pytest
 import torch
 
 from prime_swarm.libs.model.build import init_tiny_model
+from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.tokenizer import build_tokenizer, prompt_ids
 from prime_swarm.libs.rl.forward import forward_completions
-from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, grpo_step
+from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, grpo_step, make_optimizer
 from prime_swarm.libs.rl.logprobs import token_logprobs
 
+BOS, EOS = 257, 258
 
-def _seq_logprob(model, prompt, comp):
+
+def _lm() -> CausalLM:
+    return CausalLM(init_tiny_model(0), build_tokenizer())
+
+
+def _answer(lm: CausalLM, text: str) -> list[int]:
+    return [*lm.tokenizer(text, add_special_tokens=False)["input_ids"], EOS]
+
+
+def _logprobs(lm: CausalLM, prompt: list[int], comp: list[int], temperature: float) -> list[float]:
     with torch.no_grad():
-        logits, _, targets, mask = forward_completions(model, [(prompt, comp)])
-        return float(token_logprobs(logits, targets, 1.0)[mask].sum())
+        logits, _, targets, mask = forward_completions(lm, [(prompt, comp)])
+        return token_logprobs(logits, targets, temperature)[0][mask[0]].tolist()
 
 
-def test_step_moves_probability_toward_the_better_completion():
+def _seq_logprob(lm: CausalLM, prompt: list[int], comp: list[int]) -> float:
+    return sum(_logprobs(lm, prompt, comp, 1.0))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_step_moves_probability_toward_the_better_completion(temperature: float) -> None:
     torch.manual_seed(0)
-    model = init_tiny_model(0)
-    prompt, good, bad = [1, 5, 6], [7, 8, 2], [9, 9, 2]
-    rollouts = []
-    for comp, reward in ((good, 1.0), (bad, 0.0)):
-        with torch.no_grad():
-            logits, _, targets, _ = forward_completions(model, [(prompt, comp)])
-        old = token_logprobs(logits, targets, 1.0)[0].tolist()
-        rollouts.append(Rollout(prompt, comp, old, reward))
-    before = _seq_logprob(model, prompt, good) - _seq_logprob(model, prompt, bad)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    stats = grpo_step(model, opt, [rollouts], GRPOConfig())
-    after = _seq_logprob(model, prompt, good) - _seq_logprob(model, prompt, bad)
-    assert after > before
-    assert stats["rollouts_used"] == 2.0 and stats["mean_ratio"] == 1.0
-    assert stats["reward_mean"] == 0.5
+    lm = _lm()
+    prompt = prompt_ids(lm.tokenizer, "rev 56=")
+    good, bad = _answer(lm, "65"), _answer(lm, "99")
+    assert prompt[0] == BOS and prompt.count(BOS) == 1 and good[-1] == EOS
+    # Behaviour log-probs as the validator hands them over: of the lease's tempered distribution.
+    rollouts = [
+        Rollout(prompt, comp, _logprobs(lm, prompt, comp, temperature), reward, temperature)
+        for comp, reward in ((good, 1.0), (bad, 0.0))
+    ]
+    before = _seq_logprob(lm, prompt, good) - _seq_logprob(lm, prompt, bad)
+    stats = grpo_step(lm, make_optimizer(lm, lr=1e-2), [rollouts], GRPOConfig())
+    after = _seq_logprob(lm, prompt, good) - _seq_logprob(lm, prompt, bad)
+    assert after > before + 0.1
+    assert not lm.module.training  # back in eval mode for generation
+    assert stats["rollouts_used"] == 2.0 and stats["groups"] == 1.0
+    assert stats["reward_mean"] == pytest.approx(0.5, abs=1e-12)
+    assert stats["tokens"] == float(len(good) + len(bad))
+    # The rollouts are on-policy: every ratio is 1, nothing clips, and advantages of +-1 over
+    # equally long completions cancel in the mean.
+    assert stats["mean_ratio"] == pytest.approx(1.0, abs=1e-5)
+    assert stats["clip_frac"] == pytest.approx(0.0, abs=1e-6)
+    assert stats["loss"] == pytest.approx(0.0, abs=1e-5)
+    assert stats["grad_norm"] > 0.0
 
 
-def test_groups_without_signal_leave_weights_untouched():
-    model = init_tiny_model(0)
-    before = [p.clone() for p in model.parameters()]
-    same = [Rollout([1, 5], [6, 2], [-1.0, -1.0], 0.5), Rollout([1, 5], [7, 2], [-1.0, -1.0], 0.5)]
-    stats = grpo_step(model, torch.optim.AdamW(model.parameters(), lr=1e-2), [same])
-    assert stats["rollouts_used"] == 0.0
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+def test_the_ratio_uses_the_rollout_temperature() -> None:
+    lm = _lm()
+    prompt = prompt_ids(lm.tokenizer, "rev 56=")
+    good, bad = _answer(lm, "65"), _answer(lm, "99")
+    # Log-probs of T=1 presented as a T=0.5 rollout: the ratio sees the mismatch.
+    rollouts = [
+        Rollout(prompt, comp, _logprobs(lm, prompt, comp, 1.0), reward, temperature=0.5)
+        for comp, reward in ((good, 1.0), (bad, 0.0))
+    ]
+    stats = grpo_step(lm, make_optimizer(lm, lr=1e-6), [rollouts])
+    assert abs(stats["mean_ratio"] - 1.0) > 1e-3
+
+
+def test_stale_behaviour_logprobs_are_clipped() -> None:
+    lm = _lm()
+    prompt = prompt_ids(lm.tokenizer, "rev 56=")
+    good, bad = _answer(lm, "65"), _answer(lm, "99")
+    # Behaviour log-probs one nat below the current policy: ratio e > 1 + clip_eps everywhere,
+    # so the positive-advantage tokens are clipped (the negative ones are not: min() keeps them).
+    rollouts = [
+        Rollout(prompt, comp, [lp - 1.0 for lp in _logprobs(lm, prompt, comp, 1.0)], reward)
+        for comp, reward in ((good, 1.0), (bad, 0.0))
+    ]
+    stats = grpo_step(lm, make_optimizer(lm), [rollouts], GRPOConfig(clip_eps=0.2))
+    assert stats["mean_ratio"] == pytest.approx(torch.e, rel=1e-4)
+    assert stats["clip_frac"] == pytest.approx(len(good) / (len(good) + len(bad)), abs=1e-6)
+
+
+def test_groups_without_signal_leave_weights_untouched() -> None:
+    lm = _lm()
+    before = [p.detach().clone() for p in lm.module.parameters()]
+    prompt = prompt_ids(lm.tokenizer, "rev 5=")
+    same = [
+        Rollout(prompt, _answer(lm, "5"), [-1.0, -1.0], 0.5),
+        Rollout(prompt, _answer(lm, "7"), [-1.0, -1.0], 0.5),
+    ]
+    opt = make_optimizer(lm, lr=1e-2)
+    stats = grpo_step(lm, opt, [same])
+    assert stats["rollouts_used"] == 0.0 and stats["tokens"] == 0.0
+    assert stats["reward_mean"] == pytest.approx(0.5, abs=1e-12)
+    # No step at all (not a zero step: AdamW would still move weights through its state).
+    assert not opt.state
+    after = list(lm.module.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_behaviour_logprobs_must_match_the_completion() -> None:
+    lm = _lm()
+    prompt = prompt_ids(lm.tokenizer, "rev 5=")
+    group = [
+        Rollout(prompt, _answer(lm, "5"), [-1.0], 1.0),  # one log-prob for two tokens
+        Rollout(prompt, _answer(lm, "7"), [-1.0, -1.0], 0.0),
+    ]
+    with pytest.raises(ValueError, match="one entry per completion token"):
+        grpo_step(lm, make_optimizer(lm), [group])

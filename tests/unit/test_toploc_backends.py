@@ -1,92 +1,174 @@
-"""Generation backends: the torch backend's captured hidden states are what proofs are built on;
-the vLLM backend is optional and skipped where vLLM is absent."""
+"""TOPLOC proofs built on the hidden states the `hf` backend captures while it generates: they
+verify against the validator's own prefill within the calibrated limits, whatever precision the
+worker computed in, and nothing else verifies."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 import torch
 
+from prime_swarm.libs.model.backend import Generation
 from prime_swarm.libs.model.build import init_tiny_model
-from prime_swarm.libs.rl.sampling import generate, generate_captured, prefill_at
-from prime_swarm.libs.toploc import ProofContext, build_proof, exact_fraction, verify_proofs_batch
-from prime_swarm.services.worker import vllm_backend
-
-
-def _gen(precision: str) -> tuple:
-    model = init_tiny_model(3).eval()
-    prompts = [[1, 5, 6, 7], [1, 9, 10, 11, 12, 13]]
-    groups = generate_captured(
-        model,
-        prompts,
-        [11, 12],
-        group_size=3,
-        max_new_tokens=8,
-        temperature=1.0,
-        eos_id=2,
-        precision=precision,
-    )
-    return model, prompts, groups
-
-
-def test_captured_hidden_states_verify_against_a_prefill() -> None:
-    model, prompts, groups = _gen("bf16")
-    seqs = [(p, c.token_ids) for p, g in zip(prompts, groups, strict=True) for c in g]
-    comps = [c for g in groups for c in g]
-    pre = prefill_at(model, seqs)
-    ctxs = [ProofContext("m", "l", i, c.token_ids) for i, c in enumerate(comps)]
-    proofs = [build_proof(c.hidden, ctx) for c, ctx in zip(comps, ctxs, strict=True)]
-    res = verify_proofs_batch([p.hidden for p in pre], proofs, ctxs)
-    assert all(r.ok for r in res)
-    assert exact_fraction(res) > 0.9
-    for c in comps:
-        assert c.hidden.dtype == torch.bfloat16 and c.hidden.shape[0] == len(c.token_ids)
-
-
-def test_fp32_generation_loses_the_bf16_fingerprint() -> None:
-    model, prompts, groups = _gen("fp32")
-    comps = [c for g in groups for c in g]
-    seqs = [(p, c.token_ids) for p, g in zip(prompts, groups, strict=True) for c in g]
-    pre = prefill_at(model, seqs)
-    ctxs = [ProofContext("m", "l", i, c.token_ids) for i, c in enumerate(comps)]
-    proofs = [build_proof(c.hidden, ctx) for c, ctx in zip(comps, ctxs, strict=True)]
-    res = verify_proofs_batch([p.hidden for p in pre], proofs, ctxs)
-    assert exact_fraction(res) < 0.6
-
-
-def test_fp32_captured_generation_keeps_the_seeded_choices() -> None:
-    model = init_tiny_model(3).eval()
-    old = generate(
-        model, [1, 5, 6], group_size=2, max_new_tokens=6, temperature=1.0, seed=4, eos_id=2
-    )
-    new = generate_captured(
-        model,
-        [[1, 5, 6]],
-        [4],
-        group_size=2,
-        max_new_tokens=6,
-        temperature=1.0,
-        eos_id=2,
-        precision="fp32",
-    )[0]
-    assert [c.token_ids for c in old] == [c.token_ids for c in new]
-
-
-def test_vllm_backend_is_optional() -> None:
-    if vllm_backend.available():
-        pytest.skip("vLLM installed: exercised by the GPU test below")
-    with pytest.raises(RuntimeError, match="vllm"):
-        vllm_backend.VLLMBackend("/nonexistent")
-
-
-@pytest.mark.skipif(
-    not vllm_backend.available() or not torch.cuda.is_available(), reason="needs vLLM and a GPU"
+from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.hf_backend import HFBackend
+from prime_swarm.libs.model.tokenizer import build_tokenizer, prompt_ids
+from prime_swarm.libs.rollout.calibration import Acceptance, acceptance_for
+from prime_swarm.libs.rollout.verify import prefill_hidden, replay_gaps
+from prime_swarm.libs.toploc import (
+    ProofContext,
+    build_proof,
+    build_proofs_batch,
+    group_contexts,
+    verify_proof,
+    verify_proofs_batch,
 )
-def test_vllm_backend_generates_with_captured_states(tmp_path) -> None:  # noqa: ANN001
-    from prime_swarm.libs.model.build import build_tiny_model
 
-    d = build_tiny_model(3, tmp_path / "m")
-    backend = vllm_backend.VLLMBackend(str(d))
-    (group,) = backend.generate(
-        None, [[1, 5, 6]], [4], group_size=2, max_new_tokens=6, temperature=1.0, eos_id=2
+MODEL_HASH, LEASE = "ab" * 32, "lease-7"
+TEXTS = ["rev 4821=", "rev 90817="]
+SEEDS = [11, 12]
+GROUP = 3
+MAX_NEW = 16  # half a proof chunk (32 tokens): the partial-chunk path real completions take
+
+
+@pytest.fixture(autouse=True)
+def _inference() -> Iterator[None]:
+    with torch.no_grad():
+        yield
+
+
+@pytest.fixture(scope="module")
+def acceptance() -> Acceptance:
+    acc = acceptance_for("hf")
+    assert acc is not None
+    return acc
+
+
+@pytest.fixture(scope="module")
+def lm() -> CausalLM:
+    return CausalLM(init_tiny_model(3), build_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def prompts(lm: CausalLM) -> list[list[int]]:
+    return [prompt_ids(lm.tokenizer, t) for t in TEXTS]
+
+
+@pytest.fixture(scope="module")
+def generated(lm: CausalLM, prompts: list[list[int]]) -> dict[str, list[list[Generation]]]:
+    """One batch of groups per worker precision (all computed once for the module)."""
+    return {
+        precision: HFBackend(precision).generate(
+            lm, prompts, SEEDS, group_size=GROUP, max_new_tokens=MAX_NEW, temperature=1.0
+        )
+        for precision in ("bf16", "fp16", "fp32")
+    }
+
+
+def _flat(
+    prompts: list[list[int]], groups: list[list[Generation]]
+) -> tuple[list[tuple[list[int], list[int]]], list[Generation]]:
+    seqs = [(p, c.token_ids) for p, g in zip(prompts, groups, strict=True) for c in g]
+    return seqs, [c for g in groups for c in g]
+
+
+def _prove(comps: list[Generation]) -> tuple[list[bytes], list[ProofContext]]:
+    # Contexts per group, sample index within the group, as worker and validator build them.
+    ctxs = [
+        ctx
+        for i in range(0, len(comps), GROUP)
+        for ctx in group_contexts(
+            MODEL_HASH, f"{LEASE}/{i}", [c.token_ids for c in comps[i : i + GROUP]]
+        )
+    ]
+    return build_proofs_batch([c.hidden for c in comps], ctxs), ctxs
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
+def test_captured_hidden_states_verify_against_the_reference_prefill(
+    lm: CausalLM,
+    prompts: list[list[int]],
+    generated: dict[str, list[list[Generation]]],
+    acceptance: Acceptance,
+    precision: str,
+) -> None:
+    # A worker computing in fp16 or fp32 does more work, not less: it must be accepted.
+    seqs, comps = _flat(prompts, generated[precision])
+    for c in comps:
+        assert c.hidden.dtype == torch.bfloat16
+        assert c.hidden.shape == (len(c.token_ids), lm.hidden_size)
+    assert any(len(c.token_ids) > 1 for c in comps)
+    proofs, ctxs = _prove(comps)
+    mine = prefill_hidden(lm, seqs, acceptance.reference_precision)
+    results = verify_proofs_batch(mine, proofs, ctxs, acceptance.thresholds)
+    assert all(r.ok for r in results), [r.reason for r in results if not r.ok]
+    assert all(r.chunks for r in results)  # numbers were compared, not just headers
+    # The sampled tokens replay against the same recomputation.
+    for n, (c, hidden) in enumerate(zip(comps, mine, strict=True)):
+        gaps = replay_gaps(lm.head_logits(hidden), c.token_ids, 1.0, SEEDS[n // GROUP], n % GROUP)
+        assert float(gaps.max()) <= acceptance.replay_tolerance
+
+
+def test_batched_proofs_equal_single_proofs(generated: dict[str, list[list[Generation]]]) -> None:
+    comps = [c for g in generated["bf16"] for c in g]
+    proofs, ctxs = _prove(comps)
+    assert proofs == [build_proof(c.hidden, ctx) for c, ctx in zip(comps, ctxs, strict=True)]
+
+
+def test_other_weights_fail(
+    prompts: list[list[int]],
+    generated: dict[str, list[list[Generation]]],
+    acceptance: Acceptance,
+) -> None:
+    seqs, comps = _flat(prompts, generated["bf16"])
+    proofs, ctxs = _prove(comps)
+    other = CausalLM(init_tiny_model(4), build_tokenizer())
+    results = verify_proofs_batch(
+        prefill_hidden(other, seqs, acceptance.reference_precision),
+        proofs,
+        ctxs,
+        acceptance.thresholds,
     )
-    assert all(c.hidden.shape[0] == len(c.token_ids) for c in group)
+    assert not any(r.ok for r in results)
+    assert all("mismatches" in (r.reason or "") for r in results)
+
+
+def test_a_proof_is_bound_to_its_context(
+    lm: CausalLM,
+    prompts: list[list[int]],
+    generated: dict[str, list[list[Generation]]],
+    acceptance: Acceptance,
+) -> None:
+    seqs, comps = _flat(prompts, generated["bf16"])
+    proofs, ctxs = _prove(comps)
+    mine = prefill_hidden(lm, seqs, acceptance.reference_precision)
+    ctx, proof, hidden = ctxs[0], proofs[0], mine[0]
+    assert verify_proof(hidden, proof, ctx, acceptance.thresholds).ok
+    for other in (
+        ProofContext("cd" * 32, ctx.lease_id, ctx.sample_index, ctx.token_ids),
+        ProofContext(ctx.model_hash, "another-lease", ctx.sample_index, ctx.token_ids),
+        ProofContext(ctx.model_hash, ctx.lease_id, 1, ctx.token_ids),
+        ProofContext(ctx.model_hash, ctx.lease_id, 0, [*ctx.token_ids[:-1], ctx.token_ids[-1] ^ 1]),
+    ):
+        res = verify_proof(hidden, proof, other, acceptance.thresholds)
+        assert not res.ok and "another context" in (res.reason or "")
+    # Another completion's proof (same group, same length) does not verify this one.
+    same_len = next(
+        i for i in range(1, len(comps)) if len(comps[i].token_ids) == len(comps[0].token_ids)
+    )
+    assert not verify_proof(hidden, proofs[same_len], ctx, acceptance.thresholds).ok
+
+
+def test_malformed_proofs_are_rejected_not_raised(
+    lm: CausalLM,
+    prompts: list[list[int]],
+    generated: dict[str, list[list[Generation]]],
+    acceptance: Acceptance,
+) -> None:
+    seqs, comps = _flat(prompts, generated["bf16"])
+    proofs, ctxs = _prove(comps)
+    (hidden,) = prefill_hidden(lm, seqs[:1], acceptance.reference_precision)
+    for bad in (b"", b"garbage", proofs[0][:-1], proofs[0] + b"\x00", "not bytes"):
+        res = verify_proof(hidden, bad, ctxs[0], acceptance.thresholds)  # type: ignore[arg-type]
+        assert not res.ok and res.reason
