@@ -18,7 +18,7 @@ from prime_swarm.protocol.messages import StepProgress
 from .settings import LocalNetworkSettings
 
 
-def prepare_model(s: LocalNetworkSettings, say: Callable[[str], None]) -> Path:
+def prepare_model(s: LocalNetworkSettings, say: Callable[[str], None] = print) -> Path:
     from prime_swarm.libs.rl.sft import warm_start
 
     def progress(step: int, total: int, loss: float) -> None:

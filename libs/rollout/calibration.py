@@ -39,16 +39,20 @@ class Acceptance(BaseModel):
 ACCEPTANCE: dict[str, Acceptance] = {
     "hf": Acceptance(
         reference_precision="fp32",
-        # Smoke calibration (40 honest rollouts, fp32 reference): honest bf16 worst chunk had 6
-        # exponent mismatches, 0-1 sign flips, mantissa mean 1.49 / median 1.0 ulp, replay gap
-        # 0.010; each limit is about 2x that. The 1000-rollout run is in bench/results.
+        # 1000 honest rollouts (8000 completions, fp32 reference, bench/results/toploc.json): the
+        # worst chunk had 8 exponent mismatches, 1 sign flip, mantissa mean 2.13 / median 1.0
+        # ulp; the replay gap is 0 at the median and 0.004 at p99, but bf16 rounding flips a
+        # near-tie now and then (worst 0.85 in 49k tokens), so the replay limit sits above that
+        # tail, still below the O(1) gaps of tokens the seeded noise did not choose. A live
+        # `make up` run showed honest chunks up to mantissa mean 3.78 on RL-trained versions
+        # (the bench calibrates on the warm start), hence the mantissa limits' extra headroom.
         thresholds=Thresholds(
             max_exp_mismatches=12,
             max_sign_mismatches=4,
-            max_mant_err_mean=3.0,
-            max_mant_err_median=2.0,
+            max_mant_err_mean=6.0,
+            max_mant_err_median=3.0,
         ),
-        replay_tolerance=0.05,
+        replay_tolerance=1.5,
     ),
 }
 

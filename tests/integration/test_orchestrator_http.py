@@ -66,7 +66,8 @@ def pool(
             "PRIME_ORCH_POOL_ID": str(pool_id),
             "PRIME_ORCH_TRAINER_ADDRESS": TRAINER,
             "PRIME_ORCH_RELAYS": '["http://127.0.0.1:1"]',
-            "PRIME_ORCH_GROUP_SIZE": "2",
+            # The group size is the pool's recipe, shared by every service.
+            "PRIME_RECIPE_GROUP_SIZE": "2",
             "PRIME_ORCH_MAX_OPEN_LEASES_PER_WORKER": "3",
         },
         cwd=Path.cwd(),
@@ -177,6 +178,22 @@ def test_submission_admission(pool: dict) -> None:
     with pytest.raises(OrchestratorError) as err:
         c.submit(_submission(lease.model_copy(update={"lease_id": "nope"}), m.address))
     assert err.value.status == 404
+
+
+def test_uncalibrated_backend_is_refused(pool: dict) -> None:
+    # No proof limits were calibrated for vLLM: its workers cannot join, nor submit as it.
+    m = pool["member"]
+    c = client(pool, m)
+    with pytest.raises(OrchestratorError) as err:
+        c.register(_register(pool, m.address).model_copy(update={"backend": "vllm"}))
+    assert err.value.status == 422 and err.value.reason == "unsupported_backend"
+    c.register(_register(pool, m.address))
+    lease = c.lease(_lease_req(pool, m.address, 5)).lease
+    assert lease is not None
+    sub = _submission(lease, m.address).model_copy(update={"backend": "vllm"})
+    with pytest.raises(OrchestratorError) as err:
+        c.submit(sub)
+    assert err.value.status == 422 and err.value.reason == "malformed"
 
 
 def test_malformed_body_is_422_with_reason(pool: dict) -> None:

@@ -8,16 +8,21 @@ from pathlib import Path
 
 import pytest
 import redis
+import torch
 from eth_account import Account
 
 from prime_swarm.libs.localnet.redis_server import RedisServer
 from prime_swarm.libs.localnet.relay import RelayProcess
 from prime_swarm.libs.model.build import build_tiny_model
+from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.io import load_pretrained
-from prime_swarm.libs.rl.sampling import completion_logprobs, generate, prefill
+from prime_swarm.libs.model.tokenizer import prompt_ids
+from prime_swarm.libs.rl.logprobs import token_logprobs
+from prime_swarm.libs.rollout.verify import prefill_hidden
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
     PolicyAnnouncement,
+    SamplingParams,
     Verdict,
     VerifiedCompletion,
     VerifiedRollout,
@@ -29,28 +34,33 @@ WORKER = "0x" + "ab" * 20
 
 
 def make_groups(model_dir: Path, n: int) -> list[VerifiedRollout]:
-    model, tok = load_pretrained(model_dir)
-    prompt = [model.config.bos_token_id, 5, 6, 7]
+    """`n` verified groups as the validator would emit them: sampled by the `hf` backend, with
+    log-probs recomputed from the validator's own prefill."""
+    lm = load_pretrained(model_dir)
+    prompt = prompt_ids(lm.tokenizer, "rev 567=")
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=6)
+    groups = HFBackend("bf16").generate(
+        lm,
+        [prompt] * n,
+        list(range(n)),
+        group_size=4,
+        max_new_tokens=sampling.max_new_tokens,
+        temperature=sampling.temperature,
+    )
     out = []
-    for g in range(n):
-        comps = generate(
-            model,
-            prompt,
-            group_size=4,
-            max_new_tokens=6,
-            temperature=1.0,
-            seed=g,
-            eos_id=model.config.eos_token_id,
-        )
-        pre = prefill(model, [(prompt, c.token_ids) for c in comps])
-        vcs = [
-            VerifiedCompletion(
-                token_ids=c.token_ids,
-                logprobs=completion_logprobs(p, c.token_ids, 1.0),
-                reward=float(i % 2),
-            )
-            for i, (c, p) in enumerate(zip(comps, pre, strict=True))
-        ]
+    for g, comps in enumerate(groups):
+        hiddens = prefill_hidden(lm, [(prompt, c.token_ids) for c in comps], "fp32")
+        with torch.no_grad():
+            vcs = [
+                VerifiedCompletion(
+                    token_ids=c.token_ids,
+                    logprobs=token_logprobs(
+                        lm.head_logits(h), torch.tensor(c.token_ids), sampling.temperature
+                    ).tolist(),
+                    reward=float(i % 2),
+                )
+                for i, (c, h) in enumerate(zip(comps, hiddens, strict=True))
+            ]
         verdict = Verdict(
             submission_id=f"s{g}",
             lease_id=f"l{g}",
@@ -66,6 +76,7 @@ def make_groups(model_dir: Path, n: int) -> list[VerifiedRollout]:
                 worker=WORKER,
                 task_id="reverse/train/1",
                 policy_version=0,
+                sampling=sampling,
                 prompt_token_ids=prompt,
                 completions=vcs,
                 verdict=verdict,
