@@ -17,7 +17,6 @@ import torch
 from .causal_lm import CausalLM
 
 FinishReason = Literal["eos", "length"]
-BackendName = Literal["hf"]
 
 
 @dataclass

@@ -24,8 +24,11 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
     core.add_special_tokens([PAD, BOS, EOS])
+    # unk is EOS (never produced: every byte has a token) so that transformers, which loads a
+    # qwen2 directory as Qwen2Tokenizer, does not add its default unk `<|endoftext|>` as a 260th
+    # token the 259-row embedding cannot hold.
     return PreTrainedTokenizerFast(
-        tokenizer_object=core, bos_token=BOS, eos_token=EOS, pad_token=PAD
+        tokenizer_object=core, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=EOS
     )
 
 

@@ -29,7 +29,7 @@ from prime_swarm.libs.rl.forward import forward_completions
 
 MARKER_FILE = "warm_start.json"
 # Bump when the recipe changes so cached warm starts from an older recipe are rebuilt.
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
 Progress = Callable[[int, int, float], None]
 """(step, total steps, loss) after each logged SFT step."""
 

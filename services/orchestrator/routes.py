@@ -9,7 +9,7 @@ import time
 from fastapi import APIRouter, Depends, HTTPException
 from redis.exceptions import ResponseError
 
-from prime_swarm.libs.rollout.admission import Refusal, check_admission
+from prime_swarm.libs.rollout.admission import Refusal, check_admission, check_version
 from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.streams.consumer import group_backlog
 from prime_swarm.protocol import streams
@@ -32,8 +32,8 @@ from .state import WORKERS
 
 log = logging.getLogger("orchestrator")
 router = APIRouter(prefix="/v1")
-# A stale rollout is the clock's fault as often as the worker's: 409 tells it to refetch.
-SUBMIT_STATUS = {"stale_policy": 409}
+# A stale policy is the clock's fault as often as the worker's: 409 tells it to refetch.
+REFUSAL_STATUS = {"stale_policy": 409}
 
 
 def refuse(route: str, status: int, reason: str, code: str) -> HTTPException:
@@ -112,18 +112,11 @@ async def lease(
     info = await pool.policy.info()
     if info is None:
         return LeaseReply(lease=None, retry_after_s=1.0)
-    if body.policy_version < info.min_version:
-        raise refuse(
-            "lease",
-            409,
-            f"policy v{body.policy_version} is too old; fetch v{info.version} "
-            f"(oldest admitted v{info.min_version})",
-            "stale_policy",
-        )
-    if body.policy_version > info.version:
-        raise refuse(
-            "lease", 422, f"policy v{body.policy_version} was never announced", "unknown_policy"
-        )
+    try:
+        check_version(body.policy_version, info.version, pool.settings.recipe.async_level)
+    except Refusal as exc:
+        status = REFUSAL_STATUS.get(exc.reason, 422)
+        raise refuse("lease", status, f"{exc.detail}; fetch v{info.version}", exc.reason) from exc
     if await pool.leases.open_count(body.worker) >= pool.settings.max_open_leases_per_worker:
         raise refuse(
             "lease", 429, "too many open leases; submit or let them expire", "too_many_leases"
@@ -165,7 +158,7 @@ async def submit(
     try:
         check_admission(body, lease, info.version if info else -1, pool.settings.recipe.async_level)
     except Refusal as exc:
-        raise refuse("submit", SUBMIT_STATUS.get(exc.reason, 422), exc.detail, exc.reason) from exc
+        raise refuse("submit", REFUSAL_STATUS.get(exc.reason, 422), exc.detail, exc.reason) from exc
     submission_id = hashlib.sha256(f"{body.lease_id}:{body.content_hash()}".encode()).hexdigest()[
         :32
     ]

@@ -4,7 +4,6 @@ replay from its own prefill."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -25,12 +24,7 @@ SEEDS = [11, 22, 33]
 GROUP, MAX_NEW = 4, 8
 
 
-@pytest.fixture(autouse=True)
-def _inference() -> Iterator[None]:
-    # Everything here is inference; the model's parameters still require grad, as a loaded
-    # policy's do.
-    with torch.no_grad():
-        yield
+pytestmark = pytest.mark.usefixtures("inference")
 
 
 @pytest.fixture(scope="module")

@@ -133,11 +133,6 @@ def test_model_directory_tokenizer_encodes_identically(
         assert decode(again, prompt_ids(again, text) + [again.eos_token_id]) == text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="library bug: transformers loads the model dir's tokenizer as Qwen2Tokenizer, which "
-    "adds unk '<|endoftext|>' as id 259, beyond the model's 259 embedding rows",
-)
 def test_model_directory_tokenizer_has_exactly_the_built_vocabulary(
     model_dir_tokenizer: PreTrainedTokenizerBase,
 ) -> None:

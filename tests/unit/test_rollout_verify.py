@@ -4,7 +4,6 @@ validator's order: an honest group passes; each kind of cheating fails with its 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -38,10 +37,7 @@ GROUP, MAX_NEW = 4, 8
 CURRENT, ASYNC_LEVEL = 4, 2
 
 
-@pytest.fixture(autouse=True)
-def _inference() -> Iterator[None]:
-    with torch.no_grad():
-        yield
+pytestmark = pytest.mark.usefixtures("inference")
 
 
 @pytest.fixture(scope="module")

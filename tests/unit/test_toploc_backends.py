@@ -4,8 +4,6 @@ worker computed in, and nothing else verifies."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -32,10 +30,7 @@ GROUP = 3
 MAX_NEW = 16  # half a proof chunk (32 tokens): the partial-chunk path real completions take
 
 
-@pytest.fixture(autouse=True)
-def _inference() -> Iterator[None]:
-    with torch.no_grad():
-        yield
+pytestmark = pytest.mark.usefixtures("inference")
 
 
 @pytest.fixture(scope="module")
