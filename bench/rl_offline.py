@@ -42,7 +42,7 @@ from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.libs.rollout.verify import prefill_hidden, replay_gaps, termination_ok
 
 RECIPE = Recipe()
-BACKEND = HFBackend(RECIPE.precision)
+BACKEND = HFBackend("bf16")
 
 
 class Clock:
@@ -84,8 +84,8 @@ def worker_and_validator(
     flat = [(p, c) for p, grp in zip(prompts, groups, strict=True) for c in grp]
     accept = acceptance_for("hf")
     assert accept is not None
-    ref = worker.cast(accept.reference_precision)
-    hiddens = prefill_hidden(ref, [(p, c.token_ids) for p, c in flat], accept.reference_precision)
+    ref = worker.cast(BACKEND.precision)
+    hiddens = prefill_hidden(ref, [(p, c.token_ids) for p, c in flat], BACKEND.precision)
     tol = accept.replay_tolerance
     rollouts: list[list[Rollout]] = [[] for _ in tasks]
     rejected = 0

@@ -45,9 +45,9 @@ from prime_swarm.libs.rollout.calibration import Acceptance, acceptance_for
 from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.libs.toploc import (
     ProofContext,
-    Thresholds,
     build_proofs_batch,
     group_contexts,
+    pooled_mant_err_mean,
     verify_proofs_batch,
 )
 from prime_swarm.protocol.messages import (
@@ -66,7 +66,7 @@ OTHER_WORKER = "0x" + "cd" * 20
 CURRENT = 10  # the trainer's step; the claimed policy is v10
 RECIPE = Recipe()
 ENV = get_env(RECIPE.env)
-HF = HFBackend(RECIPE.precision)
+HF = HFBackend("bf16")  # the worker default; fp16 and fp32 run as precision variants
 ACCEPT: Acceptance = acceptance_for("hf")  # type: ignore[assignment]
 TINY_DESCRIPTION = "warm-started tiny Qwen2 (2 layers, hidden 128, 4/2 heads, byte-level BPE)"
 
@@ -175,6 +175,7 @@ class Generated:
     lease: Lease
     prompt_ids: list[int]
     completions: list[Generation]
+    precision: str
 
 
 def generate_for(
@@ -197,7 +198,10 @@ def generate_for(
         temperature=leases[0].sampling.temperature,
     )
     dt = time.perf_counter() - t0
-    return [Generated(lease, p, g) for lease, p, g in zip(leases, pids, groups, strict=True)], dt
+    return [
+        Generated(lease, p, g, backend.precision)
+        for lease, p, g in zip(leases, pids, groups, strict=True)
+    ], dt
 
 
 def submit(
@@ -227,6 +231,7 @@ def submit(
         pool_id=1,
         task_id=lease.task_id,
         policy_version=claimed.version,
+        precision=gen.precision,  # type: ignore[arg-type]
         prompt_token_ids=gen.prompt_ids,
         completions=samples,
     )
@@ -262,17 +267,18 @@ class Validator:
                 live.append(i)
             except Refusal as rej:
                 verdicts[i] = rej.reason
-        by_version: dict[int, list[int]] = {}
+        by_version: dict[tuple[int, str], list[int]] = {}
         for i in live:
-            by_version.setdefault(entries[i].submission.policy_version, []).append(i)
-        for version, idx in by_version.items():
+            sub = entries[i].submission
+            by_version.setdefault((sub.policy_version, sub.precision), []).append(i)
+        for (version, precision), idx in by_version.items():
             policy = self.policies[version]
             seqs = [
                 (entries[i].submission.prompt_token_ids, c.token_ids)
                 for i in idx
                 for c in entries[i].submission.completions
             ]
-            hiddens = verify.prefill_hidden(policy.lm, seqs, ACCEPT.reference_precision)
+            hiddens = verify.prefill_hidden(policy.lm, seqs, precision)
             at = 0
             for i in idx:
                 n = len(entries[i].submission.completions)
@@ -280,7 +286,7 @@ class Validator:
                 try:
                     ev = verify.measure_group(entries[i], policy, mine, ACCEPT)
                     self.evidence[entries[i].submission_id] = ev
-                    verify.judge_group(entries[i], policy, ev, 1e-6)
+                    verify.judge_group(entries[i], policy, ev, ACCEPT, 1e-6)
                     verdicts[i] = "accepted"
                 except Refusal as rej:
                     verdicts[i] = rej.reason
@@ -294,12 +300,16 @@ def distribution(evs: list[list[verify.CompletionEvidence]]) -> dict[str, dict[s
     chunks = [st for group in evs for ev in group for st in ev.proof.chunks]
     values = {name: np.array([getattr(st, name) for st in chunks], dtype=float) for name in STATS}
     values["replay_gap"] = np.array([ev.max_replay_gap for g in evs for ev in g], dtype=float)
+    values["group_mant_err_mean"] = np.array(
+        [pooled_mant_err_mean([ev.proof for ev in g]) for g in evs], dtype=float
+    )
     out = {}
     for name, v in values.items():
         if v.size == 0:
             continue
         out[name] = {
             "n": int(v.size),
+            "min": float(v.min()),
             "p50": float(np.quantile(v, 0.5)),
             "p99": float(np.quantile(v, 0.99)),
             "max": float(v.max()),
@@ -307,13 +317,15 @@ def distribution(evs: list[list[verify.CompletionEvidence]]) -> dict[str, dict[s
     return out
 
 
-def limits(t: Thresholds, tol: float) -> dict[str, float]:
+def limits(a: Acceptance) -> dict[str, float]:
+    t = a.thresholds
     return {
         "exp_mismatches": float(t.max_exp_mismatches),
         "sign_mismatches": float(t.max_sign_mismatches),
         "mant_err_mean": t.max_mant_err_mean,
         "mant_err_median": t.max_mant_err_median,
-        "replay_gap": tol,
+        "group_mant_err_mean": a.max_group_mant_err_mean,
+        "replay_gap": a.replay_tolerance,
     }
 
 
@@ -618,7 +630,7 @@ def reference_block(honest: dict, p: dict[str, LoadedPolicy], rng: random.Random
     for e in honest["produced"][:64]:
         seqs = [(e.submission.prompt_token_ids, c.token_ids) for c in e.submission.completions]
         gens, _ = generate_for(v10, [e.lease])
-        mine = verify.prefill_hidden(v10.lm, seqs, ACCEPT.reference_precision)
+        mine = verify.prefill_hidden(v10.lm, seqs, HF.precision)
         for c, pre in zip(gens[0].completions, mine, strict=True):
             pairs_p.append(c.hidden)
             pairs_v.append(pre)
@@ -699,7 +711,7 @@ def reference_block(honest: dict, p: dict[str, LoadedPolicy], rng: random.Random
 def margins(honest: dict, variants: dict, attacks: dict) -> dict:
     """Per statistic: the limit over the worst accepted honest value (>= 1 means headroom), and
     the smallest attack worst-case over the limit among weight attacks it alone would catch."""
-    lim = limits(ACCEPT.thresholds, ACCEPT.replay_tolerance)
+    lim = limits(ACCEPT)
     dists = [honest["distribution"]] + [v["distribution"] for v in variants.values()]
     out = {}
     for name, limit in lim.items():
@@ -708,6 +720,12 @@ def margins(honest: dict, variants: dict, attacks: dict) -> dict:
             "limit": limit,
             "honest_worst": worst,
             "limit_over_honest_worst": limit / worst if worst else None,
+            # An attack is caught by this statistic alone in every group when min/limit > 1.
+            "attack_min_over_limit": {
+                a: r["distribution"][name]["min"] / limit
+                for a, r in attacks.items()
+                if r["distribution"] and name in r["distribution"] and limit
+            },
             "attack_p50_over_limit": {
                 a: r["distribution"][name]["p50"] / limit
                 for a, r in attacks.items()
@@ -769,7 +787,7 @@ def main() -> None:
         "bytes_per_token": honest["proof_bytes"] / honest["gen_tokens"],
         "limits": {
             "backend": "hf",
-            **limits(ACCEPT.thresholds, ACCEPT.replay_tolerance),
+            **limits(ACCEPT),
         },
         "honest_distribution": honest["distribution"],
         "precision_variant_distribution": {k: v["distribution"] for k, v in variants.items()},

@@ -124,6 +124,8 @@ class PolicyInfo(Message):
 
 BackendName = Literal["hf", "vllm"]
 """Generation engines a worker may run; the validator's limits are calibrated per engine."""
+Precision = Literal["bf16", "fp16", "fp32"]
+"""Compute precisions a worker may generate in; the validator recomputes in the declared one."""
 
 
 class RegisterRequest(Versioned):
@@ -203,6 +205,10 @@ class RolloutSubmission(Versioned):
     policy_version: int = Field(ge=0)
     backend: BackendName = Field(
         default="hf", description="Engine that generated it; selects the calibrated limits."
+    )
+    precision: Precision = Field(
+        default="bf16",
+        description="Precision it was computed in; the validator recomputes in the same one.",
     )
     prompt_token_ids: list[int] = Field(max_length=4096)
     completions: list[CompletionSample] = Field(min_length=1, max_length=64)

@@ -33,6 +33,8 @@ class Generation:
 
 class GenerationBackend(Protocol):
     name: str
+    precision: str
+    """The compute precision every generation runs in (declared with each submission)."""
 
     def generate(
         self,

@@ -63,6 +63,7 @@ class PendingSubmission:
     lease: Lease
     policy_version: int
     backend: str
+    precision: str
     prompt_ids: list[int]
     completions: list[Generation]
     rewards: list[float]
@@ -87,6 +88,7 @@ class PendingSubmission:
             task_id=lease.task_id,
             policy_version=self.policy_version,
             backend=self.backend,  # type: ignore[arg-type]
+            precision=self.precision,  # type: ignore[arg-type]
             prompt_token_ids=self.prompt_ids,
             completions=samples,
         )
@@ -114,7 +116,14 @@ def start_lease(
     future = builder.submit([c.hidden for c in completions], contexts)
     rewards = [env.reward(task, decode(tok, c.token_ids)) for c in completions]
     return PendingSubmission(
-        lease, policy.version, backend.name, prompt, completions, rewards, future
+        lease,
+        policy.version,
+        backend.name,
+        backend.precision,
+        prompt,
+        completions,
+        rewards,
+        future,
     )
 
 

@@ -7,12 +7,8 @@ staleness bound can never drift apart. Settings only one service uses live in th
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
-Precision = Literal["bf16", "fp16", "fp32"]
 
 
 class Recipe(BaseSettings):
@@ -29,10 +25,6 @@ class Recipe(BaseSettings):
         ge=0,
         description="Rollouts of policy v are admitted while v >= trainer step - async_level "
         "(INTELLECT-2's two-step asynchrony).",
-    )
-    precision: Precision = Field(
-        "bf16",
-        description="Inference precision: workers generate and validators recompute in it.",
     )
 
     def env_vars(self) -> dict[str, str]:

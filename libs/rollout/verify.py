@@ -18,7 +18,12 @@ from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rl.forward import PromptCompletion, completion_hidden
 from prime_swarm.libs.rl.logprobs import token_logprobs
-from prime_swarm.libs.toploc import VerifyResult, group_contexts, verify_proofs_batch
+from prime_swarm.libs.toploc import (
+    VerifyResult,
+    group_contexts,
+    pooled_mant_err_mean,
+    verify_proofs_batch,
+)
 from prime_swarm.protocol.messages import SubmittedRollout, VerifiedCompletion
 
 from .admission import Refusal
@@ -139,13 +144,22 @@ def judge_group(
     entry: SubmittedRollout,
     policy: LoadedPolicy,
     evidence: Sequence[CompletionEvidence],
+    acceptance: Acceptance,
     reward_tolerance: float,
 ) -> list[VerifiedCompletion]:
-    """Proof, sampling replay, termination and reward of every completion, in that order."""
+    """Proofs (each chunk, then the group pooled), sampling replay, termination and reward of
+    every completion, in that order."""
     sub, lease = entry.submission, entry.lease
     for i, ev in enumerate(evidence):
         if not ev.proof.ok:
             raise Refusal("bad_proof", f"completion {i}: {ev.proof.reason}")
+    pooled = pooled_mant_err_mean([ev.proof for ev in evidence])
+    if not pooled <= acceptance.max_group_mant_err_mean:
+        raise Refusal(
+            "bad_proof",
+            f"group mantissa error {pooled:.3f} ulp > {acceptance.max_group_mant_err_mean} at "
+            f"{sub.precision}: not the claimed weights",
+        )
     out: list[VerifiedCompletion] = []
     for i, (c, ev) in enumerate(zip(sub.completions, evidence, strict=True)):
         if ev.first_bad_position is not None:
@@ -183,4 +197,4 @@ def check_completions(
     if acceptance is None:
         raise Refusal("malformed", f"no calibrated limits for backend {entry.submission.backend!r}")
     evidence = measure_group(entry, policy, hiddens, acceptance)
-    return judge_group(entry, policy, evidence, reward_tolerance)
+    return judge_group(entry, policy, evidence, acceptance, reward_tolerance)

@@ -17,7 +17,7 @@ from .proof import (
     verify_proof,
     verify_proofs_batch,
 )
-from .verdict import ChunkStats, Thresholds, VerifyResult, exact_fraction
+from .verdict import ChunkStats, Thresholds, VerifyResult, pooled_mant_err_mean
 
 __all__ = [
     "CHUNK_SIZE",
@@ -31,7 +31,7 @@ __all__ = [
     "VerifyResult",
     "build_proof",
     "build_proofs_batch",
-    "exact_fraction",
     "verify_proof",
+    "pooled_mant_err_mean",
     "verify_proofs_batch",
 ]

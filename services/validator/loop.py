@@ -14,7 +14,6 @@ from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.policy.store import LoadedPolicy, PolicyError, PolicyStore
 from prime_swarm.libs.rollout import verify
 from prime_swarm.libs.rollout.admission import Refusal, check_admission
-from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
@@ -70,7 +69,7 @@ class Validator:
             settings.trusted_trainer,
             keep=settings.keep_versions,
             timeout_s=settings.http_timeout_s,
-            # Loaded in fp32: the most exact reference any calibrated backend is held against.
+            # fp32 weights, cast once per precision a worker declares (CausalLM.cast caches).
             dtype=torch.float32,
             device=settings.device,
         )
@@ -93,7 +92,7 @@ class Validator:
         started = time.monotonic()
         current = self.current_version()
         verdicts: list[tuple[str, SubmittedRollout, Verdict, VerifiedRollout | None]] = []
-        # Grouped by (policy version, reference precision): one prefill per group.
+        # Grouped by (policy version, declared precision): one prefill per group.
         survivors: dict[tuple[int, str], list[tuple[str, SubmittedRollout, LoadedPolicy]]] = (
             defaultdict(list)
         )
@@ -118,14 +117,7 @@ class Validator:
             except Refusal as rej:
                 verdicts.append((e.entry_id, msg, self._verdict(msg, rej), None))
                 continue
-            acceptance = acceptance_for(msg.submission.backend)
-            if acceptance is None:  # the orchestrator refuses these; never trust that it did
-                rej = Refusal("malformed", f"backend {msg.submission.backend!r} is not calibrated")
-                verdicts.append((e.entry_id, msg, self._verdict(msg, rej), None))
-                continue
-            survivors[(policy.version, acceptance.reference_precision)].append(
-                (e.entry_id, msg, policy)
-            )
+            survivors[(policy.version, msg.submission.precision)].append((e.entry_id, msg, policy))
 
         for (_, precision), items in survivors.items():
             # One padded prefill per policy version for the whole batch: the expensive part.

@@ -29,6 +29,7 @@ def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Work
         "progress": False if getattr(args, "no_progress", False) else None,
         "backend": getattr(args, "backend", None),
         "device": getattr(args, "device", None),
+        "precision": getattr(args, "precision", None),
     }
     try:
         return WorkerSettings(**{k: v for k, v in overrides.items() if v is not None})
@@ -62,6 +63,11 @@ def main(argv: list[str] | None = None) -> None:
                 "--backend", choices=["hf"], help="generation backend (PRIME_WORKER_BACKEND)"
             )
             p.add_argument("--device", help="cpu, cuda or cuda:N (PRIME_WORKER_DEVICE)")
+            p.add_argument(
+                "--precision",
+                choices=["bf16", "fp16", "fp32"],
+                help="compute precision, declared with every submission (PRIME_WORKER_PRECISION)",
+            )
     args = parser.parse_args(argv)
 
     if args.command == "address":

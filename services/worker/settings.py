@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from prime_swarm.libs.rollout.recipe import Precision
+from prime_swarm.protocol.messages import Precision
 
 
 class WorkerSettings(BaseSettings):
@@ -28,7 +28,9 @@ class WorkerSettings(BaseSettings):
         "hf", description="Generation backend: hf (transformers, KV cache, CPU or CUDA)."
     )
     precision: Precision = Field(
-        "bf16", description="Compute precision of generation; the pool's recipe names it."
+        "bf16",
+        description="Compute precision of generation (bf16, fp16 or fp32); declared with every "
+        "submission, and the validator recomputes in it.",
     )
     device: str = Field("cpu", description="Where the model runs: cpu, cuda or cuda:N.")
     threads: int = Field(1, ge=1, description="torch intra-op threads.")

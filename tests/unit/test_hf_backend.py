@@ -154,7 +154,7 @@ def test_replay_accepts_honest_tokens_and_catches_a_tampered_one(
     tolerance = acceptance_for("hf").replay_tolerance
     groups = _generate(lm, prompts, SEEDS, temperature=temperature)
     seqs = [(p, c.token_ids) for p, g in zip(prompts, groups, strict=True) for c in g]
-    # The validator recomputes in its reference precision; honest tokens replay in either.
+    # The validator recomputes in the declared precision; honest tokens replay in either.
     pre = prefill_hidden(lm, seqs, reference)
     choices: list[torch.Tensor] = []
     for n, ((_, toks), hidden) in enumerate(zip(seqs, pre, strict=True)):

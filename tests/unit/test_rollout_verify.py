@@ -3,6 +3,7 @@ validator's order: an honest group passes; each kind of cheating fails with its 
 
 from __future__ import annotations
 
+import copy
 import time
 
 import pytest
@@ -69,14 +70,10 @@ def honest(policy: LoadedPolicy, lease: Lease) -> SubmittedRollout:
     return SubmittedRollout(submission_id="s1", lease=lease, submission=sub)
 
 
-def reference_hiddens(
-    entry: SubmittedRollout, policy: LoadedPolicy, backend: str = "hf"
-) -> list[torch.Tensor]:
-    """The validator's own recomputation, in the reference precision of the prover's engine."""
-    acceptance = acceptance_for(backend)
-    assert acceptance is not None
+def reference_hiddens(entry: SubmittedRollout, policy: LoadedPolicy) -> list[torch.Tensor]:
+    """The validator's own recomputation, in the precision the worker declared."""
     seqs = [(entry.submission.prompt_token_ids, c.token_ids) for c in entry.submission.completions]
-    return prefill_hidden(policy.lm, seqs, acceptance.reference_precision)
+    return prefill_hidden(policy.lm, seqs, entry.submission.precision)
 
 
 def run_all(
@@ -140,6 +137,34 @@ def test_fp32_and_fp16_workers_are_accepted(
     entry = honest.model_copy(update={"submission": sub})
     out = run_all(entry, policy)
     assert [c.reward for c in out] == [c.claimed_reward for c in sub.completions]
+
+
+def test_a_precision_other_than_the_declared_one_is_refused(
+    honest: SubmittedRollout, policy: LoadedPolicy
+) -> None:
+    # fp32 compute declared as bf16: the validator recomputes in bf16 and the pooled error of
+    # bf16 rounding it did not share exposes it.
+    sub = answer_lease(policy, honest.lease, HFBackend("fp32"))
+    entry = with_submission(honest.model_copy(update={"submission": sub}), precision="bf16")
+    rej = refused(entry, policy)
+    assert rej.reason == "bad_proof" and "group mantissa error" in rej.detail
+
+
+def test_int8_quantized_weights_fail_the_pooled_group_check(
+    honest: SubmittedRollout, policy: LoadedPolicy
+) -> None:
+    # Per-channel int8 quantize-dequantize: single chunks stay within the per-chunk limits, but
+    # almost every committed value moves by a fraction of an ulp, which the group pools.
+    module = copy.deepcopy(policy.lm.module)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.ndim >= 2:
+                scale = p.abs().amax(dim=1, keepdim=True) / 127
+                p.copy_((p / scale).round().clamp(-127, 127) * scale)
+    cheat = LoadedPolicy(policy.version, policy.model_hash, CausalLM(module, policy.lm.tokenizer))
+    sub = answer_lease(cheat, honest.lease, HFBackend("bf16"))
+    rej = refused(honest.model_copy(update={"submission": sub}), policy)
+    assert rej.reason == "bad_proof" and "group mantissa error" in rej.detail
 
 
 def test_other_weights_fail(honest: SubmittedRollout, policy: LoadedPolicy) -> None:
