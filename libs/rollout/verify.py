@@ -87,7 +87,7 @@ def check_shapes(entry: SubmittedRollout, lm: CausalLM) -> None:
     to crash the batched prefill it shares with other workers' submissions."""
     prompt = entry.submission.prompt_token_ids
     for i, c in enumerate(entry.submission.completions):
-        if min(c.token_ids) < 0 or max(c.token_ids) >= lm.vocab_size:
+        if not c.token_ids or min(c.token_ids) < 0 or max(c.token_ids) >= lm.vocab_size:
             raise Refusal("malformed", f"completion {i} has token ids outside the vocabulary")
         if len(prompt) + len(c.token_ids) > lm.context_len:
             raise Refusal("malformed", f"completion {i} overflows the model's context")
@@ -112,7 +112,8 @@ def measure_group(
 ) -> list[CompletionEvidence]:
     """Recompute everything the verdict rests on, from the validator's own hidden states."""
     sub, lease = entry.submission, entry.lease
-    lm = policy.lm
+    # The head in the declared precision too: the worker's logits came from those weights.
+    lm = policy.lm.cast(sub.precision)
     env = get_env(lease.env)
     task = env.task_from_id(lease.task_id)
     contexts = group_contexts(
