@@ -149,7 +149,13 @@ class CausalLM:
         if self.dtype == dtype:
             return self
         if dtype not in self._casts:
-            module = copy.deepcopy(self.module).to(dtype).eval()
+            module = copy.deepcopy(self.module).eval()
+            # Parameters only, as `from_pretrained(dtype=...)` leaves the model: buffers such as
+            # RoPE's inv_freq stay fp32. `module.to(dtype)` would round them too, turning every
+            # rotation angle, and a worker that loaded in bf16 would disagree with a validator
+            # that cast to bf16 by about an ulp on half the values.
+            for param in module.parameters():
+                param.data = param.data.to(dtype)
             self._casts[dtype] = CausalLM(module, self.tokenizer)
         return self._casts[dtype]
 

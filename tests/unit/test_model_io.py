@@ -11,7 +11,7 @@ import torch
 from transformers import AutoConfig, Qwen2ForCausalLM
 
 from prime_swarm.libs.model.build import TINY_ARCH, build_tiny_model, init_tiny_model
-from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.causal_lm import PRECISIONS, CausalLM
 from prime_swarm.libs.model.io import (
     ModelDirError,
     load_pretrained,
@@ -130,3 +130,17 @@ def test_unknown_model_type_is_a_model_dir_error(model_dir: Path, tmp_path: Path
     (odd / "config.json").write_text(json.dumps({**cfg, "model_type": "no_such_arch"}))
     with pytest.raises(ModelDirError):
         load_pretrained(odd)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_casting_equals_loading_in_that_precision(model_dir: Path, precision: str) -> None:
+    # A worker loads its policy in its precision; the validator loads fp32 and casts. Both must
+    # compute the same bits, buffers included (RoPE's inv_freq stays fp32 either way).
+    direct = load_pretrained(model_dir, dtype=PRECISIONS[precision])
+    cast = load_pretrained(model_dir).cast(precision)
+    buffers = dict(direct.module.named_buffers())
+    for name, buf in cast.module.named_buffers():
+        assert buf.dtype == buffers[name].dtype and torch.equal(buf, buffers[name]), name
+    ids = _ids(direct)
+    with torch.no_grad():
+        assert torch.equal(direct.final_hidden(ids), cast.final_hidden(ids))
