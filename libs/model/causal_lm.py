@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -38,6 +39,8 @@ def _head_transforms(config: object) -> float | None:
 class CausalLM:
     module: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
+    source: Path | None = None
+    """The directory it was loaded from: engines that load weights themselves (vLLM) read it."""
     _casts: dict[torch.dtype, CausalLM] = field(default_factory=dict, repr=False)
     _head_fp32: tuple[tuple[int, int], torch.Tensor] | None = field(default=None, repr=False)
 
@@ -156,7 +159,7 @@ class CausalLM:
             # that cast to bf16 by about an ulp on half the values.
             for param in module.parameters():
                 param.data = param.data.to(dtype)
-            self._casts[dtype] = CausalLM(module, self.tokenizer)
+            self._casts[dtype] = CausalLM(module, self.tokenizer, self.source)
         return self._casts[dtype]
 
     def num_parameters(self) -> int:

@@ -119,8 +119,13 @@ def gumbel_noise(
     return gumbel_rows([(seed, sample_index, position)], vocab_size, device)[0]
 
 
-def perturbed_scores(logits: torch.Tensor, temperature: float, noise: torch.Tensor) -> torch.Tensor:
-    """logits / T + noise; the plain logits when T == 0 (greedy). Ties go to the lowest id."""
+def perturbed_scores(
+    logits: torch.Tensor, temperature: float, noise: torch.Tensor | None
+) -> torch.Tensor:
+    """logits / T + noise; the plain logits when T == 0 (greedy, no noise needed). Ties go to
+    the lowest id."""
     if temperature <= 0:
         return logits.float()
+    if noise is None:
+        raise ValueError("sampling at T > 0 needs noise")
     return logits.float() / temperature + noise
