@@ -314,7 +314,10 @@ class VLLMBackend:
             captured = {k: _CAPTURE.rows.pop(k, {}) for k in keys}
         if _CAPTURE.error:
             raise VLLMInternalsError(_CAPTURE.error)
-        out = [self._generation(k, o, captured[k], lm.eos_ids) for k, o in zip(keys, outputs)]
+        out = [
+            self._generation(k, o, captured[k], lm.eos_ids)
+            for k, o in zip(keys, outputs, strict=True)
+        ]
         return [out[p * group_size : (p + 1) * group_size] for p in range(len(prompts))]
 
     @staticmethod
