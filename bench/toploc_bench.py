@@ -1,9 +1,15 @@
 """TOPLOC + validator benchmark: honest noise, calibrated limits, attacks, precision variants, cost.
 
 Runs the validator's real decision path (libs/rollout: admission, prefill, measure, judge) in
-process on real generations of the hf backend, and writes bench/results/toploc.json:
+process on real generations of both prover engines, the hf backend and the vllm backend, each
+checked by the validator's transformers prefill, and writes bench/results/toploc.json:
 
     .venv/bin/python bench/toploc_bench.py [--honest 1000] [--trials 50] [--no-reference]
+
+Each engine pair (prover engine / validator engine) has its own section under `engine_pairs`:
+the limits in force, the honest distribution of every statistic, every attack run with that
+engine as the cheater's, and the margins between them. vLLM patches torch.set_num_threads away
+once its engine starts, so everything that varies thread counts (the hf sections) runs first.
 
 Honest rollouts vary what honestly varies between a worker and a validator: the worker's batch
 size and composition (which leases share a KV-cached decode), the thread count, and the KV-cached
@@ -29,11 +35,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from prime_swarm.libs.model.backend import Generation
+from prime_swarm.libs.model.backend import Generation, GenerationBackend
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hf_backend import HFBackend
-from prime_swarm.libs.model.io import load_pretrained
+from prime_swarm.libs.model.io import load_pretrained, save_pretrained
 from prime_swarm.libs.model.tokenizer import build_tokenizer, decode, prompt_ids
 from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rl.envs import get_env
@@ -67,7 +73,7 @@ CURRENT = 10  # the trainer's step; the claimed policy is v10
 RECIPE = Recipe()
 ENV = get_env(RECIPE.env)
 HF = HFBackend("bf16")  # the worker default; fp16 and fp32 run as precision variants
-ACCEPT: Acceptance = acceptance_for("hf")  # type: ignore[assignment]
+VALIDATOR_ENGINE = "hf"  # the validator always recomputes with a transformers prefill
 TINY_DESCRIPTION = "warm-started tiny Qwen2 (2 layers, hidden 128, 4/2 heads, byte-level BPE)"
 
 
@@ -104,6 +110,13 @@ def neighbour(rel: float, seed: int = 0):  # noqa: ANN201
     return fn
 
 
+def accept(backend: str) -> Acceptance:
+    a = acceptance_for(backend)
+    if a is None:
+        raise SystemExit(f"no calibrated limits for prover engine {backend!r}")
+    return a
+
+
 def models(base_dir: Path | None) -> dict[str, LoadedPolicy]:
     base = base_dir or warm_start(0, CACHE / "warm-seed0-steps400", seed=0)
     far = warm_start(0, CACHE / "warm-seed0-steps60", seed=0, steps=60)
@@ -132,17 +145,23 @@ def models(base_dir: Path | None) -> dict[str, LoadedPolicy]:
     for c in chain:
         c.module.eval()
     v10 = chain[2]
-    policy = lambda v, m: LoadedPolicy(v, f"{v:02x}" * 32, m)  # noqa: E731
-    return {
-        "v8": policy(8, chain[0]),
-        "v9": policy(9, chain[1]),
-        "v10": policy(10, v10),
-        "far": policy(10, load_pretrained(far)),
-        "other_seed": policy(10, CausalLM(init_tiny_model(1), build_tokenizer())),
-        "int8": policy(10, _perturbed(v10, quantized(8))),
-        "int4": policy(10, _perturbed(v10, quantized(4))),
-        "neighbour_1pct": policy(10, _perturbed(v10, neighbour(0.01))),
+    lms = {
+        "v8": chain[0],
+        "v9": chain[1],
+        "v10": v10,
+        "far": load_pretrained(far),
+        "other_seed": CausalLM(init_tiny_model(1), build_tokenizer()),
+        "int8": _perturbed(v10, quantized(8)),
+        "int4": _perturbed(v10, quantized(4)),
+        "neighbour_1pct": _perturbed(v10, neighbour(0.01)),
     }
+    out = {}
+    for name, m in lms.items():
+        # Engines that load weights themselves (vLLM) read each model from its directory.
+        m.source = save_pretrained(m, m.tokenizer, CACHE / "bench-toploc" / name).resolve()
+        version = 8 if name == "v8" else 9 if name == "v9" else 10
+        out[name] = LoadedPolicy(version, f"{version:02x}" * 32, m)
+    return out
 
 
 # --------------------------------------------------------------------------- leases
@@ -176,12 +195,13 @@ class Generated:
     prompt_ids: list[int]
     completions: list[Generation]
     precision: str
+    backend: str
 
 
 def generate_for(
     policy: LoadedPolicy,
     leases: list[Lease],
-    backend: HFBackend = HF,
+    backend: GenerationBackend = HF,
     seeds: list[int] | None = None,
     prompts: list[str] | None = None,
 ) -> tuple[list[Generated], float]:
@@ -199,7 +219,7 @@ def generate_for(
     )
     dt = time.perf_counter() - t0
     return [
-        Generated(lease, p, g, backend.precision)
+        Generated(lease, p, g, backend.precision, backend.name)
         for lease, p, g in zip(leases, pids, groups, strict=True)
     ], dt
 
@@ -231,6 +251,7 @@ def submit(
         pool_id=1,
         task_id=lease.task_id,
         policy_version=claimed.version,
+        backend=gen.backend,  # type: ignore[arg-type]
         precision=gen.precision,  # type: ignore[arg-type]
         prompt_token_ids=gen.prompt_ids,
         completions=samples,
@@ -284,9 +305,10 @@ class Validator:
                 n = len(entries[i].submission.completions)
                 mine, at = hiddens[at : at + n], at + n
                 try:
-                    ev = verify.measure_group(entries[i], policy, mine, ACCEPT)
+                    acc = accept(entries[i].submission.backend)
+                    ev = verify.measure_group(entries[i], policy, mine, acc)
                     self.evidence[entries[i].submission_id] = ev
-                    verify.judge_group(entries[i], policy, ev, ACCEPT, 1e-6)
+                    verify.judge_group(entries[i], policy, ev, acc, 1e-6)
                     verdicts[i] = "accepted"
                 except Refusal as rej:
                     verdicts[i] = rej.reason
@@ -331,7 +353,11 @@ def limits(a: Acceptance) -> dict[str, float]:
 
 # --------------------------------------------------------------------------- honest
 def honest_run(
-    p: dict[str, LoadedPolicy], validator: Validator, n_target: int, rng: random.Random
+    p: dict[str, LoadedPolicy],
+    validator: Validator,
+    n_target: int,
+    rng: random.Random,
+    backend: GenerationBackend = HF,
 ) -> dict:
     v10 = p["v10"]
     gen_s = prove_s = 0.0
@@ -339,11 +365,11 @@ def honest_run(
     produced: list[SubmittedRollout] = []
     configs = []
     batch_sizes = [1, 2, 3, 5, 8, 13, 16]
-    threads = [1, 2]
+    threads = [1, 2] if backend.name == "hf" else [torch.get_num_threads()]
     while len(produced) < n_target:
         bs, th = rng.choice(batch_sizes), rng.choice(threads)
         torch.set_num_threads(th)
-        gens, dt = generate_for(v10, [new_lease(rng) for _ in range(bs)])
+        gens, dt = generate_for(v10, [new_lease(rng) for _ in range(bs)], backend)
         gen_s += dt
         gen_tokens += sum(len(c.token_ids) for g in gens for c in g.completions)
         for g in gens:
@@ -418,10 +444,45 @@ def with_completion(e: SubmittedRollout, i: int, **update: object) -> SubmittedR
 
 
 def honest_one(
-    p: dict[str, LoadedPolicy], rng: random.Random
+    p: dict[str, LoadedPolicy], rng: random.Random, backend: GenerationBackend = HF
 ) -> tuple[Generated, SubmittedRollout]:
-    (g,), _ = generate_for(p["v10"], [new_lease(rng)])
+    (g,), _ = generate_for(p["v10"], [new_lease(rng)], backend)
     return g, submit(g, p["v10"])[0]
+
+
+def own_sampler(
+    policy: LoadedPolicy, lease: Lease, backend: GenerationBackend, rng: random.Random
+) -> Generated:
+    """The right model and valid proofs, but the engine's own sampler instead of the seeded
+    noise: hf samples with another seed's noise; vLLM samples natively (its own seeded
+    multinomial at the lease's temperature) and proves with an exact transformers prefill."""
+    if backend.name == "hf":
+        (g,), _ = generate_for(policy, [lease], backend, seeds=[rng.randrange(1 << 62)])
+        return g
+    from vllm import SamplingParams as VSampling
+
+    lm = policy.lm
+    pids = prompt_ids(lm.tokenizer, lease.prompt)
+    engine = backend.engine(lm)  # type: ignore[attr-defined]
+    (out,) = engine.generate(
+        [{"prompt_token_ids": pids}],
+        VSampling(
+            n=lease.group_size,
+            temperature=lease.sampling.temperature,
+            max_tokens=lease.sampling.max_new_tokens,
+            stop_token_ids=sorted(lm.eos_ids),
+            seed=rng.randrange(1 << 31),
+            detokenize=False,
+        ),
+        use_tqdm=False,
+    )
+    toks = [list(c.token_ids) for c in out.outputs]
+    hiddens = verify.prefill_hidden(lm, [(pids, t) for t in toks], backend.precision)
+    comps = [
+        Generation(t, "eos" if t[-1] in lm.eos_ids else "length", [0.0] * len(t), h)
+        for t, h in zip(toks, hiddens, strict=True)
+    ]
+    return Generated(lease, pids, comps, backend.precision, backend.name)
 
 
 def forge_proof(
@@ -479,19 +540,21 @@ WRONG_WEIGHTS = {
 }
 
 
-def attack_entries(name: str, p: dict[str, LoadedPolicy], rng: random.Random, n: int) -> list:
-    """``n`` cheating submissions of kind ``name`` (validated as they come, one by one)."""
+def attack_entries(
+    name: str, p: dict[str, LoadedPolicy], rng: random.Random, n: int, backend: GenerationBackend
+) -> list:
+    """``n`` cheating submissions of kind ``name`` generated with ``backend``."""
     v10 = p["v10"]
     out: list = []
     vocab = v10.lm.vocab_size
     for t in range(n):
         if name in WRONG_WEIGHTS:
-            (g,), _ = generate_for(p[WRONG_WEIGHTS[name]], [new_lease(rng)])
+            (g,), _ = generate_for(p[WRONG_WEIGHTS[name]], [new_lease(rng)], backend)
             out.append(submit(g, v10)[0])
         elif name == "tampered_prompt":
             lease = new_lease(rng)
             easy = ENV.task_from_id(f"{ENV.name}/train/{rng.randrange(10**6)}").prompt
-            (g,), _ = generate_for(v10, [lease], prompts=[easy])
+            (g,), _ = generate_for(v10, [lease], backend, prompts=[easy])
             e = submit(g, v10)[0]
             if t % 2:  # claim the leased prompt's tokens for a generation on another prompt
                 pids = prompt_ids(v10.lm.tokenizer, lease.prompt)
@@ -499,14 +562,14 @@ def attack_entries(name: str, p: dict[str, LoadedPolicy], rng: random.Random, n:
                 e = e.model_copy(update={"submission": sub})
             out.append(e)
         elif name == "tampered_completion_token":
-            _, e = honest_one(p, rng)
+            _, e = honest_one(p, rng, backend)
             i = rng.randrange(len(e.submission.completions))
             toks = list(e.submission.completions[i].token_ids)
             pos = rng.randrange(len(toks))
             toks[pos] = rng.choice([t for t in range(vocab - 3) if t != toks[pos]])
             out.append(with_completion(e, i, token_ids=toks))
         elif name == "truncated_completion":
-            _, e = honest_one(p, rng)
+            _, e = honest_one(p, rng, backend)
             long = [i for i, c in enumerate(e.submission.completions) if len(c.token_ids) > 1]
             i = rng.choice(long)
             toks = e.submission.completions[i].token_ids
@@ -514,18 +577,17 @@ def attack_entries(name: str, p: dict[str, LoadedPolicy], rng: random.Random, n:
             fr = "eos" if t % 2 else "length"
             out.append(with_completion(e, i, token_ids=cut, finish_reason=fr))
         elif name == "sampling_ignores_seed":
-            (g,), _ = generate_for(v10, [new_lease(rng)], seeds=[rng.randrange(1 << 62)])
-            out.append(submit(g, v10)[0])  # right model, valid proofs, wrong noise
+            out.append(submit(own_sampler(v10, new_lease(rng), backend, rng), v10)[0])
         elif name == "inflated_reward":
-            _, e = honest_one(p, rng)
+            _, e = honest_one(p, rng, backend)
             i = rng.randrange(len(e.submission.completions))
             c = e.submission.completions[i]
             out.append(with_completion(e, i, claimed_reward=(c.claimed_reward or 0) + 0.25))
         elif name == "replayed_submission":
-            _, e = honest_one(p, rng)
+            _, e = honest_one(p, rng, backend)
             out.append(("pair", e))
         elif name == "forged_proof":
-            g, e = honest_one(p, rng)
+            g, e = honest_one(p, rng, backend)
             out.append(forge_proof(e, g, FORGERIES[t % len(FORGERIES)], rng))
     return out
 
@@ -548,12 +610,17 @@ MEASURED = ["older_weights_1", "older_weights_2"]
 
 
 def run_attack(
-    name: str, p: dict[str, LoadedPolicy], validator: Validator, rng: random.Random, n: int
+    name: str,
+    p: dict[str, LoadedPolicy],
+    validator: Validator,
+    rng: random.Random,
+    n: int,
+    backend: GenerationBackend = HF,
 ) -> dict:
     reasons: dict[str, int] = {}
     detected = crashes = 0
     ids = []
-    for item in attack_entries(name, p, rng, n):
+    for item in attack_entries(name, p, rng, n, backend):
         if isinstance(item, tuple):  # replay: the original is accepted, then replayed
             e = item[1]
             first = validator.validate([e])[0]
@@ -666,7 +733,7 @@ def reference_block(honest: dict, p: dict[str, LoadedPolicy], rng: random.Random
             ours = build_proofs_batch(pv, ctx)
             ob = time.perf_counter() - t0
             t0 = time.perf_counter()
-            res = verify_proofs_batch(vv, ours, ctx, ACCEPT.thresholds)
+            res = verify_proofs_batch(vv, ours, ctx, accept("hf").thresholds)
             ov = time.perf_counter() - t0
             chunks = r["chunks"]
             out[label] = {
@@ -708,10 +775,10 @@ def reference_block(honest: dict, p: dict[str, LoadedPolicy], rng: random.Random
     return out
 
 
-def margins(honest: dict, variants: dict, attacks: dict) -> dict:
+def margins(honest: dict, variants: dict, attacks: dict, acceptance: Acceptance) -> dict:
     """Per statistic: the limit over the worst accepted honest value (>= 1 means headroom), and
     the smallest attack worst-case over the limit among weight attacks it alone would catch."""
-    lim = limits(ACCEPT)
+    lim = limits(acceptance)
     dists = [honest["distribution"]] + [v["distribution"] for v in variants.values()]
     out = {}
     for name, limit in lim.items():
@@ -735,89 +802,155 @@ def margins(honest: dict, variants: dict, attacks: dict) -> dict:
     return out
 
 
+def engine_pair(
+    backend: GenerationBackend,
+    p: dict[str, LoadedPolicy],
+    validator: Validator,
+    rng: random.Random,
+    args: argparse.Namespace,
+    variants: dict | None = None,
+) -> tuple[dict, dict]:
+    """Honest rollouts and every attack with `backend` as the prover's (and the cheater's)
+    engine, checked by the transformers validator: the section of one engine pair."""
+    acceptance = accept(backend.name)
+    honest = honest_run(p, validator, args.honest, rng, backend)
+    honest["distribution"] = distribution(honest["evidence"])
+    print(
+        json.dumps(
+            {"engine": backend.name}
+            | {k: v for k, v in honest.items() if k not in ("produced", "evidence", "distribution")}
+        ),
+        file=sys.stderr,
+    )
+    attacks = {n: run_attack(n, p, validator, rng, args.trials, backend) for n in REQUIRED}
+    measured = {n: run_attack(n, p, validator, rng, args.trials, backend) for n in MEASURED}
+    variants = variants or {}
+    section = {
+        "prover_engine": backend.name,
+        "validator_engine": VALIDATOR_ENGINE,
+        "precision": backend.precision,
+        "limits": limits(acceptance),
+        "honest": {
+            "rollouts": honest["rollouts"],
+            "completions": honest["completions"],
+            "false_rejections": honest["false_rejections"],
+            "false_rejection_reasons": honest["false_rejection_reasons"],
+            "gen_batch_sizes": honest["gen_batch_sizes"],
+            "thread_counts": honest["thread_counts"],
+            "gen_s_per_token": honest["gen_s"] / honest["gen_tokens"],
+            "validate_s_per_token": honest["val_s"] / honest["val_tokens"],
+        },
+        "honest_distribution": honest["distribution"],
+        "attacks": {
+            k: {"trials": v["trials"], "detected": v["detected"], "reasons": v["reasons"]}
+            for k, v in {**attacks, **measured}.items()
+        },
+        "required_attacks": REQUIRED,
+        "attack_distribution": {
+            k: v["distribution"] for k, v in {**attacks, **measured}.items() if v["distribution"]
+        },
+        "margins": margins(honest, variants, {**attacks, **measured}, acceptance),
+        "attack_crashes": sum(v["crashes"] for v in {**attacks, **measured}.values()),
+    }
+    return section, honest
+
+
+def vllm_backend() -> tuple[GenerationBackend | None, str]:
+    try:
+        from prime_swarm.libs.model.backend import make_backend
+
+        return make_backend("vllm", "bf16"), ""
+    except Exception as exc:  # noqa: BLE001 - reported in the results
+        return None, f"{type(exc).__name__}: {exc}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--honest", type=int, default=1000)
+    ap.add_argument("--honest", type=int, default=1000, help="honest rollouts per engine pair")
     ap.add_argument("--trials", type=int, default=50)
     ap.add_argument("--variants", type=int, default=100, help="rollouts per precision variant")
     ap.add_argument("--model", type=Path, default=None, help="base model dir (default: tiny)")
     ap.add_argument("--out", default=str(REPO / "bench/results/toploc.json"))
     ap.add_argument("--no-reference", action="store_true")
+    ap.add_argument("--engines", default="hf,vllm", help="prover engines to run")
     args = ap.parse_args()
+    engines = args.engines.split(",")
     rng = random.Random(20250601)
     torch.manual_seed(0)
     started = time.time()
     p = models(args.model)
     validator = Validator({8: p["v8"], 9: p["v9"], 10: p["v10"]})
-    honest = honest_run(p, validator, args.honest, rng)
-    honest["distribution"] = distribution(honest["evidence"])
-    print(
-        json.dumps({k: v for k, v in honest.items() if k not in ("produced", "evidence")}),
-        file=sys.stderr,
-    )
-    torch.set_num_threads(2)
-    variants = {pr: variant_run(p, validator, pr, args.variants, rng) for pr in ("fp32", "fp16")}
-    attacks = {n: run_attack(n, p, validator, rng, args.trials) for n in REQUIRED}
-    measured = {n: run_attack(n, p, validator, rng, args.trials) for n in MEASURED}
-    pipe = pipelined_overhead(p, rng)
-    ref = (
-        {"available": False, "why": "--no-reference"}
-        if args.no_reference
-        else reference_block(honest, p, rng)
-    )
-    gen_spt = honest["gen_s"] / honest["gen_tokens"]
-    val_spt = honest["val_s"] / honest["val_tokens"]
-    result = {
+    pairs: dict[str, dict] = {}
+    hf_honest = None
+    variants: dict = {}
+    pipe: dict = {}
+    ref: dict = {"available": False, "why": "--no-reference"}
+    # hf first: its sections vary thread counts, which a started vLLM engine pins.
+    if "hf" in engines:
+        torch.set_num_threads(2)
+        variants = {
+            pr: variant_run(p, validator, pr, args.variants, rng) for pr in ("fp32", "fp16")
+        }
+        pairs["hf/hf"], hf_honest = engine_pair(HF, p, validator, rng, args, variants)
+        pipe = pipelined_overhead(p, rng)
+        if not args.no_reference:
+            ref = reference_block(hf_honest, p, rng)
+    vllm_why = "not requested (--engines)"
+    if "vllm" in engines:
+        vllm, vllm_why = vllm_backend()
+        if vllm is not None:
+            pairs["vllm/hf"], _ = engine_pair(vllm, p, validator, rng, args)
+    result: dict = {
         "honest": {
-            "hf": {"rollouts": honest["rollouts"], "false_rejections": honest["false_rejections"]}
+            s["prover_engine"]: {
+                "rollouts": s["honest"]["rollouts"],
+                "false_rejections": s["honest"]["false_rejections"],
+            }
+            for s in pairs.values()
         },
         "attacks": {
-            k: {"trials": v["trials"], "detected": v["detected"]} for k, v in attacks.items()
+            s["prover_engine"]: {
+                k: {"trials": v["trials"], "detected": v["detected"]}
+                for k, v in s["attacks"].items()
+                if k in REQUIRED
+            }
+            for s in pairs.values()
         },
+        "all_required_attacks_detected": all(
+            s["attacks"][k]["detected"] == s["attacks"][k]["trials"]
+            for s in pairs.values()
+            for k in REQUIRED
+        ),
         "precision_variants": {
             k: {"rollouts": v["rollouts"], "false_rejections": v["false_rejections"]}
             for k, v in variants.items()
         },
-        "measured": {
-            k: {"trials": v["trials"], "detected": v["detected"]} for k, v in measured.items()
-        },
-        "validate_vs_generate_cost": val_spt / gen_spt,
-        "proof_overhead_pct": 100 * honest["prove_s"] / honest["gen_s"],
-        "proof_critical_path_overhead_pct": pipe["critical_path_overhead_pct"],
-        "bytes_per_token": honest["proof_bytes"] / honest["gen_tokens"],
-        "limits": {
-            "backend": "hf",
-            **limits(ACCEPT),
-        },
-        "honest_distribution": honest["distribution"],
         "precision_variant_distribution": {k: v["distribution"] for k, v in variants.items()},
-        "attack_distribution": {
-            k: v["distribution"] for k, v in {**attacks, **measured}.items() if v["distribution"]
-        },
-        "margins": margins(honest, variants, {**attacks, **measured}),
+        "engine_pairs": pairs,
+        "cross_device": None,
         "reference": ref,
         "details": {
-            "honest_completions": honest["completions"],
-            "false_rejection_reasons": honest["false_rejection_reasons"],
-            "precision_variant_reasons": {k: v["reasons"] for k, v in variants.items()},
-            "gen_batch_sizes": honest["gen_batch_sizes"],
-            "thread_counts": honest["thread_counts"],
-            "gen_s_per_token": gen_spt,
-            "validate_s_per_token": val_spt,
-            "attack_reasons": {k: v["reasons"] for k, v in {**attacks, **measured}.items()},
-            "attack_crashes": sum(v["crashes"] for v in {**attacks, **measured}.values()),
+            "vllm": "ran" if "vllm/hf" in pairs else vllm_why,
+            "cross_device_note": "null: no CUDA device was available to the run that wrote this",
             "forgeries_cycled": FORGERIES,
-            "pipelined": pipe,
             "model": str(args.model) if args.model else TINY_DESCRIPTION,
             "cpu_threads_available": os.cpu_count(),
             "wall_s": time.time() - started,
         },
     }
+    if hf_honest is not None:
+        gen_spt = hf_honest["gen_s"] / hf_honest["gen_tokens"]
+        result |= {
+            "validate_vs_generate_cost": (hf_honest["val_s"] / hf_honest["val_tokens"]) / gen_spt,
+            "proof_overhead_pct": 100 * hf_honest["prove_s"] / hf_honest["gen_s"],
+            "proof_critical_path_overhead_pct": pipe["critical_path_overhead_pct"],
+            "bytes_per_token": hf_honest["proof_bytes"] / hf_honest["gen_tokens"],
+        }
+        result["details"]["pipelined"] = pipe
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(
-        json.dumps({k: v for k, v in result.items() if k not in ("details", "reference")}, indent=2)
-    )
+    summary = {k: result[k] for k in ("honest", "attacks", "all_required_attacks_detected")}
+    print(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

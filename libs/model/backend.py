@@ -3,16 +3,18 @@
 A backend samples with the pool's seeded Gumbel-max rule (libs/rollout/noise.py), so that a
 validator can replay every choice, and captures the final hidden states of every generated
 token while it generates (TOPLOC commits to them; no second prefill). `hf` (transformers, KV
-cache, CPU or CUDA) is in hf_backend.py; a vLLM engine implements the same `generate`.
+cache, CPU or CUDA) is in hf_backend.py, `vllm` (vLLM's V1 engine) in vllm_backend.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
 import torch
+
+from prime_swarm.protocol.messages import BackendName
 
 from .causal_lm import CausalLM
 
@@ -58,4 +60,10 @@ def make_backend(name: str, precision: str = "bf16") -> GenerationBackend:
         from .hf_backend import HFBackend
 
         return HFBackend(precision)
-    raise ValueError(f"unknown generation backend {name!r} (available: hf)")
+    if name == "vllm":
+        from .vllm_backend import VLLMBackend
+
+        return VLLMBackend(precision)
+    raise ValueError(
+        f"unknown generation backend {name!r} (available: {', '.join(get_args(BackendName))})"
+    )

@@ -18,7 +18,6 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
-    GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -70,11 +69,7 @@ def load_pretrained(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
 ) -> CausalLM:
-    """Load any local HF causal LM (eval mode) with its tokenizer; nothing is fetched.
-
-    `device="meta"` loads the skeleton only (config, generation config, tokenizer, shapes): what
-    a worker whose engine holds the weights itself (vLLM) needs, at no memory cost.
-    """
+    """Load any local HF causal LM (eval mode) with its tokenizer; nothing is fetched."""
     path = Path(model_dir)
     if not (path / "config.json").is_file():
         raise ModelDirError(f"{path} has no config.json: not a Hugging Face model directory")
@@ -84,21 +79,15 @@ def load_pretrained(
         config = AutoConfig.from_pretrained(path, local_files_only=True)
     except (ValueError, KeyError) as exc:  # unknown model_type and friends
         raise ModelDirError(f"{path}: {exc}") from exc
-    if torch.device(device).type == "meta":
-        with torch.device("meta"):
-            module = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        if (path / "generation_config.json").is_file():
-            module.generation_config = GenerationConfig.from_pretrained(path, local_files_only=True)
-    else:
-        module = AutoModelForCausalLM.from_pretrained(
-            path,
-            config=config,
-            dtype=dtype,
-            local_files_only=True,
-            use_safetensors=True,
-        ).to(device)
+    module = AutoModelForCausalLM.from_pretrained(
+        path,
+        config=config,
+        dtype=dtype,
+        local_files_only=True,
+        use_safetensors=True,
+    )
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    return CausalLM(module.eval(), tokenizer, path.resolve())
+    return CausalLM(module.to(device).eval(), tokenizer, path.resolve())
 
 
 def weights_sha256(model_dir: str | Path) -> str:

@@ -1,20 +1,21 @@
-"""The `vllm` generation backend: vLLM's V1 engine, in this process, sampling by the pool's rule.
+"""The `vllm` generation backend: vLLM's V1 engine decodes, the pool's rule chooses every token.
 
-What vLLM gives through public APIs: a V1 engine (`vllm.LLM`), in-place weight reloads
-(`collective_rpc("reload_weights")`) and custom logits processors that see each request's
-`extra_args` and output tokens. What it does not give: the final hidden states behind each
-sampled token, which TOPLOC commits to. Those come from ONE internal hook, installed through
-`collective_rpc`: the model's `compute_logits(hidden)` is wrapped so that it keeps the rows it is
-handed and returns fp32 logits over them (the same fp32 head as the `hf` backend and the
-validator). The seeded-Gumbel logits processor then pairs each row with its request, chooses the
-token argmax(logits / T + noise) and forces it, so vLLM's own sampler only copies the choice.
+Public vLLM APIs only: `vllm.LLM` (the V1 engine, run in this process), in-place weight reloads
+(`collective_rpc("reload_weights")`) and a custom logits processor, which sees each request's
+`extra_args` and output tokens, chooses argmax(logits / T + noise(seed, sample, position)) and
+leaves a single finite logit, so vLLM's greedy sampler returns exactly that token. Every returned
+token is checked against the processor's choice at its position; a vLLM that bypassed the
+processor raises `VLLMInternalsError` instead of yielding tokens a validator would reject.
 
-How this fails when vLLM's internals change: the hook is checked when the engine starts (the
-runner must expose a model with `compute_logits`, a V1 input batch, one process, one GPU), and
-every generation is cross-checked: each request must have exactly one captured row per output
-token, at consecutive positions, and the tokens the processor chose must be the tokens vLLM
-returned. Any mismatch raises `VLLMInternalsError`; a proof is never built from rows that cannot
-be tied to their tokens.
+Proofs come from a transformers prefill of vLLM's tokens in the worker's precision, the very
+recomputation the validator runs, not from vLLM's own hidden states. Measured on the tiny model
+(bf16, CPU, 100-300 groups; bench/results/toploc.json has the prefill numbers): vLLM's captured
+hidden states against the validator's prefill pool to a group mantissa error of p50 0.55 / max
+1.01 ulp with vLLM's C++ kernels and p50 0.40 / max 0.55 with its native ops, while an int8
+cheater pools from 0.535 and a 1%-RMS fine-tuned neighbour from 0.62: no limit tells them apart
+without rejecting honest work. A prefill over the tokens is one batched forward (decode is the
+expensive part, and stays vLLM's), and the proof's honest noise becomes prefill against prefill.
+The price is a second copy of the weights, loaded by the worker's policy store on `--device`.
 """
 
 from __future__ import annotations
@@ -65,64 +66,23 @@ def import_vllm() -> Any:
 
 # --------------------------------------------------------------------------- engine-side state
 @dataclass
-class _Row:
-    token: int
-    logprob: float
-    hidden: torch.Tensor  # [C] bf16, CPU
+class _Choices:
+    """Tokens the processor chose, per request key and position (the engine runs in this
+    process, so the processor and the backend share it)."""
 
-
-@dataclass
-class _Capture:
-    """What the hook and the processor share inside the engine (one engine per process)."""
-
-    vocab_size: int = 0
-    softcap: float | None = None
-    head: tuple[int, torch.Tensor] | None = None
-    step_hidden: torch.Tensor | None = None
-    rows: dict[str, dict[int, _Row]] = field(default_factory=dict)
-    error: str | None = None
+    rows: dict[str, dict[int, int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    generation: int = 0
-    """Bumped on every weight reload: the cached fp32 head is stale after one."""
 
-    def fp32_head(self, weight: torch.Tensor) -> torch.Tensor:
-        if self.head is None or self.head[0] != self.generation:
-            self.head = (self.generation, weight[: self.vocab_size].detach().float())
-        return self.head[1]
+    def record(self, key: str, position: int, token: int) -> None:
+        with self.lock:
+            self.rows.setdefault(key, {})[position] = token
 
-
-_CAPTURE = _Capture()
+    def take(self, key: str) -> dict[int, int]:
+        with self.lock:
+            return self.rows.pop(key, {})
 
 
-def _install_hook(worker: Any, vocab_size: int, softcap: float | None) -> str:
-    """Run inside the engine through `collective_rpc`: wrap the model's `compute_logits`."""
-    runner = getattr(worker, "model_runner", None)
-    model = getattr(runner, "model", None)
-    batch = getattr(runner, "input_batch", None)
-    head = getattr(model, "lm_head", None)
-    if model is None or not callable(getattr(model, "compute_logits", None)):
-        return "the model runner exposes no model.compute_logits"
-    if batch is None or not hasattr(batch, "req_ids"):
-        return "the model runner has no V1 input batch (V2 runner?)"
-    if head is None or getattr(head, "weight", None) is None:
-        return "the model has no lm_head.weight (tied or sharded heads are not supported)"
-    if int(head.weight.shape[0]) < vocab_size:
-        return f"lm_head has {head.weight.shape[0]} rows, the model's vocabulary {vocab_size}"
-    if getattr(model, "_prime_swarm_hooked", False):
-        return ""
-    _CAPTURE.vocab_size, _CAPTURE.softcap = vocab_size, softcap
-
-    def compute_logits(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        # fp32 logits over the very rows kept for the proof: the pool's sampling head.
-        _CAPTURE.step_hidden = hidden.detach().to(torch.bfloat16)
-        logits = torch.nn.functional.linear(hidden.float(), _CAPTURE.fp32_head(head.weight))
-        if _CAPTURE.softcap:
-            logits = torch.tanh(logits / _CAPTURE.softcap) * _CAPTURE.softcap
-        return logits
-
-    model.compute_logits = compute_logits
-    model._prime_swarm_hooked = True
-    return ""
+_CHOICES = _Choices()
 
 
 def _processor_class() -> type:
@@ -173,22 +133,14 @@ def _processor_class() -> type:
                     self.requests[a] = rb
 
         def apply(self, logits: torch.Tensor) -> torch.Tensor:
-            if not self.requests:
-                return logits
-            hidden, _CAPTURE.step_hidden = _CAPTURE.step_hidden, None
-            if hidden is None or hidden.shape[0] != logits.shape[0]:
-                _CAPTURE.error = (
-                    f"compute_logits rows ({None if hidden is None else hidden.shape[0]}) do not "
-                    f"match the sampler's ({logits.shape[0]})"
-                )
-                return logits
             index = sorted(i for i in self.requests if i < logits.shape[0])
+            if not index:
+                return logits
             reqs = [self.requests[i] for i in index]
             rows = torch.tensor(index, dtype=torch.long, device=logits.device)
             mine = logits[rows].float()
             positions = [len(r.output) for r in reqs]
             chosen = torch.empty(len(reqs), dtype=torch.long, device=logits.device)
-            temps = torch.tensor([r.temperature for r in reqs], device=logits.device)
             for t in {r.temperature for r in reqs}:
                 group = [i for i, r in enumerate(reqs) if r.temperature == t]
                 noise = (
@@ -201,13 +153,8 @@ def _processor_class() -> type:
                     else None
                 )
                 chosen[group] = perturbed_scores(mine[group], t, noise).argmax(dim=-1)
-            logprobs = token_logprobs(mine, chosen, temps)
-            host = hidden[rows].cpu()
-            with _CAPTURE.lock:
-                for i, r in enumerate(reqs):
-                    _CAPTURE.rows.setdefault(r.key, {})[positions[i]] = _Row(
-                        int(chosen[i]), float(logprobs[i]), host[i]
-                    )
+            for r, k, token in zip(reqs, positions, chosen.tolist(), strict=True):
+                _CHOICES.record(r.key, k, token)
             forced = torch.full_like(logits[rows], float("-inf"))
             forced.scatter_(1, chosen[:, None], 0.0)
             logits[rows] = forced
@@ -219,47 +166,49 @@ def _processor_class() -> type:
 # --------------------------------------------------------------------------- the backend
 class VLLMBackend:
     """Generation through a vLLM engine created on first use and reloaded in place for every
-    new policy directory (the engine holds the weights, so the worker's own copy of the model
-    is only its skeleton: config, tokenizer, EOS ids)."""
+    new policy directory; proofs and log-probs from a transformers prefill of its tokens."""
 
     name = "vllm"
-    holds_weights = True
 
-    def __init__(self, precision: str = "bf16") -> None:
+    def __init__(self, precision: str = "bf16", **engine_args: Any) -> None:
         if precision not in VLLM_DTYPES:
             raise ValueError(f"precision must be one of {sorted(VLLM_DTYPES)}")
         self.precision = precision
         self._vllm = import_vllm()
+        self._engine_args = engine_args
         self._llm: Any = None
         self._source: Path | None = None
         self._serial = 0
 
     # ------------------------------------------------------------------ engine
-    def _engine(self, lm: CausalLM) -> Any:
+    def engine(self, lm: CausalLM) -> Any:
+        """The `vllm.LLM` holding `lm`'s weights: started on first use, reloaded in place when
+        `lm` comes from another directory (a new policy version)."""
         source = lm.source
         if source is None:
             raise ValueError("the vllm backend generates from a model directory (lm.source)")
         if self._llm is None:
             from vllm.platforms import current_platform
 
+            cpu = current_platform.is_cpu()
             self._llm = self._vllm.LLM(
                 model=str(source),
                 dtype=VLLM_DTYPES[self.precision],
                 skip_tokenizer_init=True,
                 max_model_len=lm.context_len,
-                enforce_eager=current_platform.is_cpu(),
-                tensor_parallel_size=1,
+                # CPU: eager (nothing to compile for) and vLLM's native torch implementations of
+                # norm, activation and rotary ops, which round like transformers does (its C++
+                # kernels doubled the honest logit gap in bench-toploc). CUDA builds compile the
+                # native ops by default.
+                enforce_eager=cpu,
+                compilation_config={"custom_ops": ["none"]} if cpu else None,
                 logits_processors=[_processor_class()],
                 seed=0,
+                **self._engine_args,
             )
-            (problem,) = self._llm.collective_rpc(_install_hook, args=(lm.vocab_size, lm.softcap))
-            if problem:
-                raise VLLMInternalsError(f"vLLM {self._vllm.__version__}: {problem}")
             self._source = source
         elif source != self._source:
             self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(source)})
-            with _CAPTURE.lock:
-                _CAPTURE.generation += 1
             self._source = source
         return self._llm
 
@@ -283,24 +232,22 @@ class VLLMBackend:
             raise ValueError("every prompt needs at least one token")
         if max(len(p) for p in prompts) + max_new_tokens > lm.context_len:
             raise ValueError(f"prompt + {max_new_tokens} new tokens exceed {lm.context_len}")
-        llm = self._engine(lm)
-        SamplingParams = self._vllm.SamplingParams
+        llm = self.engine(lm)
         self._serial += 1
         keys, requests, params = [], [], []
         for p, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True)):
             for j in range(group_size):
-                key = f"{self._serial}/{p}/{j}"
-                keys.append(key)
+                keys.append(f"{self._serial}/{p}/{j}")
                 requests.append({"prompt_token_ids": list(prompt)})
                 params.append(
-                    SamplingParams(
+                    self._vllm.SamplingParams(
                         temperature=0.0,  # vLLM's sampler only copies the processor's choice
                         max_tokens=max_new_tokens,
                         stop_token_ids=sorted(lm.eos_ids),
                         detokenize=False,
                         extra_args={
                             EXTRA_KEY: {
-                                "key": key,
+                                "key": keys[-1],
                                 "seed": int(seed),
                                 "sample": j,
                                 "temperature": float(temperature),
@@ -308,39 +255,47 @@ class VLLMBackend:
                         },
                     )
                 )
-        _CAPTURE.error = None
         outputs = llm.generate(requests, params, use_tqdm=False)
-        with _CAPTURE.lock:
-            captured = {k: _CAPTURE.rows.pop(k, {}) for k in keys}
-        if _CAPTURE.error:
-            raise VLLMInternalsError(_CAPTURE.error)
-        out = [
-            self._generation(k, o, captured[k], lm.eos_ids)
-            for k, o in zip(keys, outputs, strict=True)
-        ]
+        tokens = [self._checked_tokens(k, o) for k, o in zip(keys, outputs, strict=True)]
+        pairs = [(prompts[i // group_size], t) for i, t in enumerate(tokens)]
+        out = self._prove(lm, pairs, temperature)
         return [out[p * group_size : (p + 1) * group_size] for p in range(len(prompts))]
 
     @staticmethod
-    def _generation(
-        key: str, output: Any, rows: dict[int, _Row], eos_ids: frozenset[int]
-    ) -> Generation:
-        completion = output.outputs[0]
-        tokens = list(completion.token_ids)
-        if sorted(rows) != list(range(len(tokens))):
+    def _checked_tokens(key: str, output: Any) -> list[int]:
+        """vLLM's tokens for one request, if each is the processor's seeded choice at its
+        position; anything else means the processor was bypassed."""
+        tokens = list(output.outputs[0].token_ids)
+        chosen = _CHOICES.take(key)
+        if [chosen.get(k) for k in range(len(tokens))] != tokens or len(chosen) != len(tokens):
             raise VLLMInternalsError(
-                f"request {key}: captured positions {sorted(rows)[:8]}... for {len(tokens)} tokens"
+                f"request {key}: vLLM returned tokens the seeded processor did not choose "
+                f"({len(tokens)} tokens, {len(chosen)} choices)"
             )
-        chosen = [rows[k].token for k in range(len(tokens))]
-        if chosen != tokens:
-            raise VLLMInternalsError(
-                f"request {key}: vLLM returned tokens the processor did not choose"
+        return tokens
+
+    def _prove(
+        self, lm: CausalLM, pairs: list[tuple[Sequence[int], list[int]]], temperature: float
+    ) -> list[Generation]:
+        """Hidden states and log-probs from the validator's own recomputation (one transformers
+        prefill in this backend's precision) over vLLM's tokens."""
+        from prime_swarm.libs.rollout.verify import prefill_hidden
+
+        nonempty = [i for i, (_, t) in enumerate(pairs) if t]
+        hiddens = prefill_hidden(lm, [pairs[i] for i in nonempty], self.precision)
+        by_row = dict(zip(nonempty, hiddens, strict=True))
+        head = lm.cast(self.precision)
+        out = []
+        for i, (_, toks) in enumerate(pairs):
+            hidden = by_row.get(i, torch.zeros((0, lm.hidden_size), dtype=torch.bfloat16))
+            logits = head.head_logits(hidden.to(head.device))
+            ids = torch.as_tensor(toks, dtype=torch.long, device=logits.device)
+            out.append(
+                Generation(
+                    token_ids=toks,
+                    finish_reason="eos" if toks and toks[-1] in lm.eos_ids else "length",
+                    logprobs=token_logprobs(logits, ids, temperature).tolist(),
+                    hidden=hidden,
+                )
             )
-        finish = "eos" if tokens and tokens[-1] in eos_ids else "length"
-        return Generation(
-            token_ids=tokens,
-            finish_reason=finish,
-            logprobs=[rows[k].logprob for k in range(len(tokens))],
-            hidden=torch.stack([rows[k].hidden for k in range(len(tokens))])
-            if tokens
-            else torch.zeros((0, 0), dtype=torch.bfloat16),
-        )
+        return out

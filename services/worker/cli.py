@@ -9,10 +9,12 @@ import argparse
 import signal
 import sys
 from pathlib import Path
+from typing import get_args
 
 from prime_swarm.libs.observability.http import serve_observability
 from prime_swarm.libs.observability.logs import setup_logging
 from prime_swarm.protocol.keys import KeyFileError, load_or_create_key
+from prime_swarm.protocol.messages import BackendName
 
 from .settings import WorkerSettings
 
@@ -60,7 +62,9 @@ def main(argv: list[str] | None = None) -> None:
             p.add_argument("--unstake-on-exit", action="store_true")
             p.add_argument("--no-progress", action="store_true")
             p.add_argument(
-                "--backend", choices=["hf"], help="generation backend (PRIME_WORKER_BACKEND)"
+                "--backend",
+                choices=get_args(BackendName),
+                help="generation engine: hf (transformers) or vllm (PRIME_WORKER_BACKEND)",
             )
             p.add_argument("--device", help="cpu, cuda or cuda:N (PRIME_WORKER_DEVICE)")
             p.add_argument(
@@ -86,11 +90,16 @@ def main(argv: list[str] | None = None) -> None:
     if settings.device.startswith("cuda") and not torch.cuda.is_available():
         parser.exit(2, f"prime-worker: --device {settings.device}: no CUDA device is visible\n")
     from prime_swarm.libs.model.backend import make_backend
+    from prime_swarm.libs.model.vllm_backend import VLLMInternalsError
 
     from .runner import JoinError, Worker
 
     # The backend is chosen once, here, and injected: the worker never branches on its name.
-    worker = Worker(settings, account, make_backend(settings.backend, settings.precision))
+    try:
+        backend = make_backend(settings.backend, settings.precision)
+    except VLLMInternalsError as exc:
+        parser.exit(2, f"prime-worker: --backend {settings.backend}: {exc}\n")
+    worker = Worker(settings, account, backend)
     if args.command == "leave":
         worker.ledger.leave(settings.pool_id)
         print(f"{account.address} left pool {settings.pool_id}")

