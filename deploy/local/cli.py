@@ -58,7 +58,8 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
         topo = net.start()
         say(
             f"network up: pool {topo.pool_id} on {topo.rpc_url}, orchestrator "
-            f"{topo.orchestrator_url}, relay {topo.relay_url}, {len(topo.workers)} workers"
+            f"{topo.orchestrator_url}, relay {topo.relay_url}, {len(topo.workers)} workers "
+            f"({', '.join(net.worker_backend(i) for i in range(len(topo.workers)))})"
         )
         say(f"{'step':>4} {'reward':>7} {'accepted':>8} {'rejected':>8} {'lag':>5} {'s/step':>6}")
         last = [time.time()]
@@ -120,6 +121,12 @@ def main(argv: list[str] | None = None) -> None:
     up = sub.add_parser("up", help="run the whole network locally and train")
     up.add_argument("--steps", type=int)
     up.add_argument("--workers", type=int)
+    up.add_argument(
+        "--backend",
+        dest="worker_backends",
+        type=lambda v: [b.strip() for b in v.split(",")],
+        help="worker generation backends, cycled over the workers: hf, vllm or e.g. hf,vllm",
+    )
     up.add_argument("--runs-dir", type=Path)
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if v is not None and k != "command"}

@@ -197,9 +197,14 @@ class LocalNetwork:
                     "--cache-dir",
                     str(self.run_dir / "worker-cache"),
                     "--no-progress",
+                    "--backend",
+                    self.worker_backend(i),
                 ],
             )
         return t
+
+    def worker_backend(self, i: int) -> str:
+        return self.s.worker_backends[i % len(self.s.worker_backends)]
 
     @property
     def progress_file(self) -> Path:

@@ -9,6 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prime_swarm.libs.rl.defaults import RL, WARM_START
 from prime_swarm.libs.rollout.recipe import Recipe
+from prime_swarm.protocol.messages import BackendName
 
 
 class LocalNetworkSettings(BaseSettings):
@@ -19,6 +20,12 @@ class LocalNetworkSettings(BaseSettings):
     model_seed: int = Field(0, description="Seed of the tiny model and its warm start.")
     warm_start_steps: int = Field(WARM_START.steps, description="SFT steps of the warm start.")
     workers: int = Field(3, ge=1, description="Worker processes.")
+    worker_backends: list[BackendName] = Field(
+        ["hf"],
+        min_length=1,
+        description='Generation backend of each worker, cycled over the workers: ["vllm"] '
+        'runs all of them on vLLM, ["hf", "vllm"] alternates.',
+    )
     steps: int = Field(RL.steps, ge=1, description="Trainer steps before the run ends.")
     groups_per_step: int = Field(RL.prompts_per_step, ge=1, description="Groups per step.")
     lr: float = Field(RL.lr, gt=0, description="Trainer learning rate.")

