@@ -90,14 +90,14 @@ def main(argv: list[str] | None = None) -> None:
     if settings.device.startswith("cuda") and not torch.cuda.is_available():
         parser.exit(2, f"prime-worker: --device {settings.device}: no CUDA device is visible\n")
     from prime_swarm.libs.model.backend import make_backend
-    from prime_swarm.libs.model.vllm_backend import VLLMInternalsError
+    from prime_swarm.libs.model.vllm_backend import VLLMBackendError
 
     from .runner import JoinError, Worker
 
     # The backend is chosen once, here, and injected: the worker never branches on its name.
     try:
         backend = make_backend(settings.backend, settings.precision)
-    except VLLMInternalsError as exc:
+    except VLLMBackendError as exc:
         parser.exit(2, f"prime-worker: --backend {settings.backend}: {exc}\n")
     worker = Worker(settings, account, backend)
     if args.command == "leave":
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     try:
         worker.run()
-    except JoinError as exc:
+    except (JoinError, VLLMBackendError) as exc:
         log.error(str(exc))
         print(f"prime-worker: {exc}", file=sys.stderr)
         sys.exit(1)

@@ -1,6 +1,6 @@
 """The whole network, for real: redis-server, anvil, relays, orchestrator, validator, trainer and
-three workers as separate processes (two on transformers, one on a vLLM engine), for a few
-trainer steps."""
+three workers as separate processes, each generating on a vLLM engine, for a few trainer steps.
+(`test_make_up.py` runs the same network with transformers workers.)"""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def finished_network(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
         cache_dir=REPO / ".cache",
         steps=STEPS,
         workers=3,
-        worker_backends=["hf", "hf", "vllm"],
+        worker_backends=["vllm"],
         groups_per_step=6,
         warm_start_steps=60,
     )
@@ -74,19 +74,13 @@ def test_workers_moved_to_newer_policies(finished_network) -> None:  # noqa: ANN
     assert len(workers_on_new) >= 2
 
 
-def test_vllm_worker_rollouts_are_verified(finished_network) -> None:  # noqa: ANN001
-    """The vLLM worker's groups went through the real validator: accepted, never rejected for
-    anything but staleness (checked for every worker above), and trained on."""
+def test_every_worker_generated_on_vllm(finished_network) -> None:  # noqa: ANN001
+    """The groups above (accepted by the real validator, never rejected for anything but
+    staleness, trained on) all came from vLLM workers that reloaded new versions in place."""
     net, _ = finished_network
-    vllm_worker = net.topo.workers[2]
-    assert net.worker_backend(2) == "vllm"
-    r = net.redis.client()
-    verified = [
-        streams.decode(VerifiedRollout, fields) for _, fields in r.xrange(streams.ROLLOUTS_VERIFIED)
-    ]
-    mine = [v for v in verified if v.worker == vllm_worker]
-    assert len(mine) >= 2
-    assert all(len(c.token_ids) >= 1 for v in mine for c in v.completions)
+    assert {net.worker_backend(i) for i in range(len(net.topo.workers))} == {"vllm"}
+    logs = [(net.logs / f"worker-{i}.log").read_text() for i in range(len(net.topo.workers))]
+    assert all("registered" in log for log in logs)
 
 
 def test_attested_work_is_on_chain(finished_network) -> None:  # noqa: ANN001

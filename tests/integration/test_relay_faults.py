@@ -99,9 +99,15 @@ def test_relay_serves_verified_shards_while_still_pulling(
         assert httpx.put(url, content=body).status_code == 200
 
     put(0)
+    # B learns of version 1 from A's partial listing (one poll each, 50 ms apart); `?wait` then
+    # holds for shards, not for a manifest the relay has never seen.
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{b.url}/v1/versions/partial").json()["versions"] != [1]:
+        assert time.monotonic() < deadline, "relay B never saw version 1"
+        time.sleep(0.05)
     shard0 = f"{b.url}/v1/versions/1/files/{f.name}/shards/0"
     got = httpx.get(shard0, params={"wait": 10}, timeout=15)
-    assert got.status_code == 200
+    assert got.status_code == 200, got.text
     assert got.content == b"".join(iter_shard_bytes(model / f.name, f.shards[0]))
     assert httpx.get(f"{b.url}/v1/versions/partial").json()["versions"] == [1]
     assert httpx.get(f"{b.url}/v1/versions").json()["versions"] == []

@@ -12,7 +12,7 @@ def main(tmp: Path) -> dict:
     from prime_swarm.libs.model.build import build_tiny_model
     from prime_swarm.libs.model.hf_backend import HFBackend
     from prime_swarm.libs.model.io import load_pretrained
-    from prime_swarm.libs.model.vllm_backend import _CHOICES, VLLMBackend, VLLMInternalsError
+    from prime_swarm.libs.model.vllm_backend import _CHOICES, VLLMBackend, VLLMBackendError
     from prime_swarm.libs.rollout.verify import prefill_hidden
 
     a = load_pretrained(build_tiny_model(0, tmp / "a"))
@@ -66,7 +66,7 @@ def main(tmp: Path) -> dict:
     try:
         backend.generate(a, prompts[:1], seeds[:1], **kw)
         out["bypass_detected"] = False
-    except VLLMInternalsError:
+    except VLLMBackendError:
         out["bypass_detected"] = True
     finally:
         _CHOICES.take = real_take  # type: ignore[method-assign]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,11 @@ def test_casting_equals_loading_in_that_precision(model_dir: Path, precision: st
     ids = _ids(direct)
     with torch.no_grad():
         assert torch.equal(direct.final_hidden(ids), cast.final_hidden(ids))
+
+
+def test_vllm_that_cannot_import_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prime_swarm.libs.model.vllm_backend import VLLMBackendError, import_vllm
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # what a broken or missing install looks like
+    with pytest.raises(VLLMBackendError, match="make setup"):
+        import_vllm()
