@@ -51,9 +51,9 @@ the worker ran: limits are calibrated per pair (prover engine, validator engine)
 ACCEPTANCE: dict[tuple[str, str], Acceptance] = {
     # Measured by `make bench-toploc` (1000 honest bf16 groups, 100 fp16 and 100 fp32, tiny
     # Qwen2): honest worst chunk 4 exponent mismatches, 1 sign flip, mantissa mean 0.95 /
-    # median 0 ulp; pooled group error p50 0.16, p99 0.34, worst 0.40 (fp16 0.07, fp32 0.0);
+    # median 0 ulp; pooled group error p50 0.16, p99 0.34, worst 0.46 (fp16 0.07, fp32 0.0);
     # replay gap worst 0.012. The weakest weight attacks pool at 0.59 (int8) and 0.66 (1 %-RMS
-    # neighbour) at least, so 0.55 sits between, 1.37x above the honest worst.
+    # neighbour) at least, so 0.55 sits between: 1.19x above the honest worst, 1.07x below int8.
     ("hf", "hf"): Acceptance(
         thresholds=Thresholds(
             max_exp_mismatches=12,
@@ -62,7 +62,10 @@ ACCEPTANCE: dict[tuple[str, str], Acceptance] = {
             max_mant_err_median=2.0,
         ),
         max_group_mant_err_mean=0.55,
-        replay_tolerance=0.05,
+        # The bench's honest replay worst is 0.012, but a live `make up` run (35 RL steps, a
+        # sharper policy than the bench's) rejected an honest hf group for one token past 0.05:
+        # 0.15, as for vLLM, keeps every wrong-seed and tampered token (gaps O(1)) caught.
+        replay_tolerance=0.15,
     ),
     # Prover: vLLM decodes (its logits choose the tokens), a transformers prefill of those
     # tokens in the worker's precision makes the proof (libs/model/vllm_backend.py says why).

@@ -166,7 +166,9 @@ def judge_group(
         if ev.first_bad_position is not None:
             raise Refusal(
                 "sampling_mismatch",
-                f"completion {i}: token {ev.first_bad_position} is not the seeded choice",
+                f"completion {i}: token {ev.first_bad_position} is not the seeded choice "
+                f"(trails it by up to {ev.max_replay_gap:.3f}, tolerance "
+                f"{acceptance.replay_tolerance})",
             )
         if not termination_ok(
             c.token_ids, c.finish_reason, policy.lm.eos_ids, lease.sampling.max_new_tokens
