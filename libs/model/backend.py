@@ -54,6 +54,24 @@ class GenerationBackend(Protocol):
         ...
 
 
+def check_request(
+    lm: CausalLM,
+    prompts: Sequence[Sequence[int]],
+    seeds: Sequence[int],
+    max_new_tokens: int,
+) -> bool:
+    """What every backend refuses before generating; False when there is nothing to do."""
+    if len(prompts) != len(seeds):
+        raise ValueError("one seed per prompt")
+    if not prompts:
+        return False
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    if max(len(p) for p in prompts) + max_new_tokens > lm.context_len:
+        raise ValueError(f"prompt + {max_new_tokens} new tokens exceed {lm.context_len}")
+    return True
+
+
 def make_backend(name: str, precision: str = "bf16") -> GenerationBackend:
     """The backend a worker runs, chosen once from its settings."""
     if name == "hf":

@@ -17,7 +17,7 @@ from prime_swarm.libs.rl.forward import pad_left
 from prime_swarm.libs.rl.logprobs import token_logprobs
 from prime_swarm.libs.rollout.noise import gumbel_rows, perturbed_scores
 
-from .backend import Generation
+from .backend import Generation, check_request
 from .causal_lm import CausalLM
 
 
@@ -38,14 +38,8 @@ class HFBackend:
         max_new_tokens: int,
         temperature: float,
     ) -> list[list[Generation]]:
-        if len(prompts) != len(seeds):
-            raise ValueError("one seed per prompt")
-        if not prompts:
+        if not check_request(lm, prompts, seeds, max_new_tokens):
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
-        if max(len(p) for p in prompts) + max_new_tokens > lm.context_len:
-            raise ValueError(f"prompt + {max_new_tokens} new tokens exceed {lm.context_len}")
         lm = lm.cast(self.precision)
         rows = [(s, j) for s in seeds for j in range(group_size)]
         device = lm.device

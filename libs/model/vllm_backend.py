@@ -32,7 +32,7 @@ import torch
 from prime_swarm.libs.rl.logprobs import token_logprobs
 from prime_swarm.libs.rollout.noise import gumbel_rows, perturbed_scores
 
-from .backend import Generation
+from .backend import Generation, check_request
 from .causal_lm import CausalLM
 
 EXTRA_KEY = "prime_swarm"
@@ -171,12 +171,11 @@ class VLLMBackend:
 
     name = "vllm"
 
-    def __init__(self, precision: str = "bf16", **engine_args: Any) -> None:
+    def __init__(self, precision: str = "bf16") -> None:
         if precision not in VLLM_DTYPES:
             raise ValueError(f"precision must be one of {sorted(VLLM_DTYPES)}")
         self.precision = precision
         self._vllm = import_vllm()
-        self._engine_args = engine_args
         self._llm: Any = None
         self._source: Path | None = None
         self._serial = 0
@@ -219,7 +218,6 @@ class VLLMBackend:
             compilation_config={"custom_ops": ["none"]} if cpu else None,
             logits_processors=[_processor_class()],
             seed=0,
-            **self._engine_args,
         )
 
     # ------------------------------------------------------------------ generate
@@ -234,14 +232,8 @@ class VLLMBackend:
         max_new_tokens: int,
         temperature: float,
     ) -> list[list[Generation]]:
-        if len(prompts) != len(seeds):
-            raise ValueError("one seed per prompt")
-        if not prompts:
+        if not check_request(lm, prompts, seeds, max_new_tokens):
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
-        if max(len(p) for p in prompts) + max_new_tokens > lm.context_len:
-            raise ValueError(f"prompt + {max_new_tokens} new tokens exceed {lm.context_len}")
         llm = self.engine(lm)
         self._serial += 1
         keys, requests, params = [], [], []

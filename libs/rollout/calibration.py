@@ -48,6 +48,16 @@ VALIDATOR_ENGINE = "hf"
 """The validator recomputes with a transformers prefill (libs/rollout/verify.py), whatever engine
 the worker ran: limits are calibrated per pair (prover engine, validator engine)."""
 
+GROSS_MISMATCH = Thresholds(
+    max_exp_mismatches=12,
+    max_sign_mismatches=4,
+    max_mant_err_mean=3.0,
+    max_mant_err_median=2.0,
+)
+"""Per-chunk limits, shared by both pairs today: they catch gross mismatches only, far above
+either pair's honest worst chunk (hf/hf 5 / 1 / 0.95 / 0.5, vllm/hf 3 / 0 / 0.45 / 0); the group
+limit below is what tells near weights apart."""
+
 ACCEPTANCE: dict[tuple[str, str], Acceptance] = {
     # Measured by `make bench-toploc` (1000 honest bf16 groups, 100 fp16 and 100 fp32, tiny
     # Qwen2): honest worst chunk 4 exponent mismatches, 1 sign flip, mantissa mean 0.95 /
@@ -55,12 +65,7 @@ ACCEPTANCE: dict[tuple[str, str], Acceptance] = {
     # replay gap worst 0.012. The weakest weight attacks pool at 0.59 (int8) and 0.66 (1 %-RMS
     # neighbour) at least, so 0.55 sits between: 1.19x above the honest worst, 1.07x below int8.
     ("hf", "hf"): Acceptance(
-        thresholds=Thresholds(
-            max_exp_mismatches=12,
-            max_sign_mismatches=4,
-            max_mant_err_mean=3.0,
-            max_mant_err_median=2.0,
-        ),
+        thresholds=GROSS_MISMATCH,
         max_group_mant_err_mean=0.55,
         # The bench's honest replay worst is 0.012, but a live `make up` run (35 RL steps, a
         # sharper policy than the bench's) rejected an honest hf group for one token past 0.05:
@@ -78,12 +83,7 @@ ACCEPTANCE: dict[tuple[str, str], Acceptance] = {
     # 1.4x above the honest worst and 1.3x below the weakest attack. Wrong-seed sampling trails
     # by O(1), so 0.15 keeps 2.6x over the honest replay worst.
     ("vllm", "hf"): Acceptance(
-        thresholds=Thresholds(
-            max_exp_mismatches=12,
-            max_sign_mismatches=4,
-            max_mant_err_mean=3.0,
-            max_mant_err_median=2.0,
-        ),
+        thresholds=GROSS_MISMATCH,
         max_group_mant_err_mean=0.5,
         replay_tolerance=0.15,
     ),
