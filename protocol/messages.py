@@ -116,7 +116,8 @@ class PolicyInfo(Message):
     manifest_path: str
     relays: list[str] = Field(description="Base URLs of relays serving the policy.")
     min_version: int = Field(description="Oldest version whose rollouts are still admitted.")
-    trainer: Address = Field(description="Key that signs manifests; downloads are checked by it.")
+    # No trainer address here: it is a trust anchor, read from the pool record on chain (or a
+    # pinned flag), never from the orchestrator that could otherwise feed workers forged weights.
 
 
 # ---------------------------------------------------------------- worker <-> orchestrator

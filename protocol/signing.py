@@ -9,6 +9,7 @@ checks that the signer is the worker the body talks about.
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Generator
@@ -108,9 +109,12 @@ async def verify_request(
         headers[HEADER_SIGNATURE],
     )
     try:
-        ts_value = float(ts)
-    except ValueError as exc:
-        raise AuthError(401, "timestamp is not a number") from exc
+        ts_value = float(ts) if len(ts) <= 32 else math.nan
+    except ValueError:
+        ts_value = math.nan
+    # float() also reads "nan" and "inf", which compare false against any window.
+    if not math.isfinite(ts_value):
+        raise AuthError(401, "timestamp is not a finite number of seconds")
     now = time.time() if now is None else now
     if ts_value < now - max_skew_s:
         raise AuthError(401, f"stale request: timestamp {now - ts_value:.1f}s in the past")

@@ -77,18 +77,21 @@ class LocalNetwork:
         t.redis_url = self.redis.url
         self.anvil = Anvil(accounts=4).start()
         t.rpc_url = self.anvil.rpc_url
-        owner, validator = self.anvil.dev_accounts(2)
-        trainer = Account.create()
-        write_key(self.keys / "trainer.json", trainer)
-        write_key(self.keys / "validator.json", validator)
+        # Fresh keys for every role: anvil's dev keys are public, so a validator or pool owner
+        # holding one could be impersonated by any process on the machine.
+        owner, validator, trainer = Account.create(), Account.create(), Account.create()
+        for role, account in (("owner", owner), ("validator", validator), ("trainer", trainer)):
+            write_key(self.keys / f"{role}.json", account)
+        self._fund(owner, 100 * 10**18)  # deploys, funds the pool's rewards
+        self._fund(validator, 10 * 10**18)  # pays for attestations and slashes
         t.trainer_address, t.validator_address = trainer.address, validator.address
 
-        t.ledger = deploy_ledger(t.rpc_url, owner).address
+        t.ledger = deploy_ledger(t.rpc_url, owner, unbonding_blocks=self.s.unbonding_blocks).address
         orch_port = free_port()
         t.orchestrator_url = f"http://127.0.0.1:{orch_port}"
         ledger = LedgerClient(t.rpc_url, t.ledger, account=owner, timeout=30)
         t.pool_id = ledger.create_pool(
-            t.orchestrator_url, self.s.min_stake_wei, self.s.reward_per_unit_wei
+            t.orchestrator_url, self.s.min_stake_wei, self.s.reward_per_unit_wei, trainer.address
         )
         ledger.register_validator(t.pool_id, validator.address)
         ledger.fund_pool(t.pool_id, 10 * 10**18)
@@ -161,7 +164,6 @@ class LocalNetwork:
                 "PRIME_VALIDATOR_LEDGER_ADDRESS": t.ledger,
                 "PRIME_VALIDATOR_POOL_ID": str(t.pool_id),
                 "PRIME_VALIDATOR_KEY_FILE": str(self.keys / "validator.json"),
-                "PRIME_VALIDATOR_TRUSTED_TRAINER": trainer.address,
                 "PRIME_VALIDATOR_RELAYS": f'["{t.relay_url}"]',
                 "PRIME_VALIDATOR_CACHE_DIR": str(self.run_dir / "validator-cache"),
                 "PRIME_VALIDATOR_METRICS_PORT": str(free_port()),
@@ -176,7 +178,6 @@ class LocalNetwork:
                 "PRIME_ORCH_RPC_URL": t.rpc_url,
                 "PRIME_ORCH_LEDGER_ADDRESS": t.ledger,
                 "PRIME_ORCH_POOL_ID": str(t.pool_id),
-                "PRIME_ORCH_TRAINER_ADDRESS": trainer.address,
                 "PRIME_ORCH_RELAYS": f'["{t.relay_url}"]',
             },
         ).wait_http(f"{t.orchestrator_url}/healthz")

@@ -35,6 +35,12 @@ class LocalNetworkSettings(BaseSettings):
     )
     eval_tasks: int = Field(RL.eval_tasks, ge=1, description="Held-out tasks per evaluation.")
     min_stake_wei: int = Field(10**18, description="Pool minimum stake.")
+    unbonding_blocks: int = Field(
+        20,
+        ge=0,
+        description="Blocks a leaving worker's stake stays slashable. Anvil mines a block per "
+        "transaction, so a local run needs far fewer than a public chain's day.",
+    )
     reward_per_unit_wei: int = Field(10**12, description="Reward credited per attested token.")
     timeout_s: float = Field(900.0, gt=0, description="Abort the run after this long.")
     quiet: bool = Field(False, description="Print only the summary.")

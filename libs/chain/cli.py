@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from eth_utils import is_address, to_checksum_address
 
-from .deployment import DEFAULT_SLASH_BPS, load_deployment
+from .deployment import DEFAULT_SLASH_BPS, DEFAULT_UNBONDING_BLOCKS, load_deployment
 from .errors import ChainError, KeyFileError
 
 if TYPE_CHECKING:
@@ -67,6 +67,12 @@ def address(text: str) -> str:
 def bps(text: str) -> int:
     if not text.isdigit() or int(text) > 10_000:
         raise argparse.ArgumentTypeError(f"invalid basis points {text!r} (0..10000)")
+    return int(text)
+
+
+def blocks(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"invalid block count {text!r} (an integer >= 0)")
     return int(text)
 
 
@@ -160,7 +166,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from .deployment import write_deployment
 
     deployment = deploy_ledger(
-        args.rpc_url, _account(args), slash_bps=args.slash_bps, timeout=args.timeout
+        args.rpc_url,
+        _account(args),
+        slash_bps=args.slash_bps,
+        unbonding_blocks=args.unbonding_blocks,
+        timeout=args.timeout,
     )
     write_deployment(args.out, deployment)
     print(f"deployed {deployment.contract} at block {deployment.block}", file=sys.stderr)
@@ -170,7 +180,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 def cmd_create_pool(args: argparse.Namespace) -> int:
     new_id = _client(args, signer=True).create_pool(
-        args.orchestrator_url, args.min_stake, args.reward_per_unit
+        args.orchestrator_url, args.min_stake, args.reward_per_unit, args.trainer
     )
     print(new_id)
     return 0
@@ -178,6 +188,11 @@ def cmd_create_pool(args: argparse.Namespace) -> int:
 
 def cmd_set_orchestrator_url(args: argparse.Namespace) -> int:
     _client(args, signer=True).set_orchestrator_url(args.pool, args.orchestrator_url)
+    return 0
+
+
+def cmd_set_trainer(args: argparse.Namespace) -> int:
+    _client(args, signer=True).set_trainer(args.pool, args.trainer)
     return 0
 
 
@@ -214,6 +229,7 @@ def cmd_balances(args: argparse.Namespace) -> int:
             "is_member": client.is_member(pid, worker),
             "is_validator": client.is_validator(pid, worker),
             "stake": client.stake_of(pid, worker),
+            "unbonding_until": client.unbonding_until(pid, worker),
             "reward_balance": client.reward_balance(pid, worker),
             "work_units": client.work_units(pid, worker),
             "native_balance": client.balance_of(worker),
@@ -245,6 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rpc-url", required=True)
     p.add_argument("--out", default="deployment.json", help="deployment record path")
     p.add_argument("--slash-bps", type=bps, default=DEFAULT_SLASH_BPS)
+    p.add_argument(
+        "--unbonding-blocks",
+        type=blocks,
+        default=DEFAULT_UNBONDING_BLOCKS,
+        help="blocks a leaving worker's stake stays slashable before it can be withdrawn",
+    )
     p.add_argument("--timeout", type=float, default=120.0, help="receipt timeout, seconds")
     _add_key_options(p)
 
@@ -253,12 +275,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--orchestrator-url", required=True)
     p.add_argument("--min-stake", type=amount, required=True)
     p.add_argument("--reward-per-unit", type=amount, required=True)
+    p.add_argument(
+        "--trainer", type=address, required=True, help="address that signs the policy manifests"
+    )
     _add_key_options(p)
 
     p = command("set-orchestrator-url", cmd_set_orchestrator_url, "change a pool's URL")
     _add_deployment_options(p)
     p.add_argument("--pool", type=pool_id, required=True)
     p.add_argument("--orchestrator-url", required=True)
+    _add_key_options(p)
+
+    p = command("set-trainer", cmd_set_trainer, "change the address that signs a pool's policies")
+    _add_deployment_options(p)
+    p.add_argument("--pool", type=pool_id, required=True)
+    p.add_argument("--trainer", type=address, required=True)
     _add_key_options(p)
 
     for name, handler, text in (

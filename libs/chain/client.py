@@ -22,6 +22,7 @@ from .deployment import Deployment, load_deployment
 from .errors import ChainError
 from .models import (
     AttestResult,
+    LeaveResult,
     Pool,
     SkippedWork,
     SkipReason,
@@ -101,10 +102,15 @@ class LedgerClient:
 
     # --- pools ------------------------------------------------------------------------------
 
-    def create_pool(self, orchestrator_url: str, min_stake: int, reward_per_unit: int) -> int:
-        """Open a pool owned by this client's account; returns the new pool id."""
+    def create_pool(
+        self, orchestrator_url: str, min_stake: int, reward_per_unit: int, trainer: str
+    ) -> int:
+        """Open a pool owned by this client's account, its policies signed by `trainer`;
+        returns the new pool id."""
         receipt = self._send(
-            self.contract.functions.create_pool(orchestrator_url, min_stake, reward_per_unit),
+            self.contract.functions.create_pool(
+                orchestrator_url, min_stake, reward_per_unit, to_address(trainer)
+            ),
             "create_pool",
         )
         (event,) = self._events_in(receipt, "PoolCreated")
@@ -116,15 +122,24 @@ class LedgerClient:
             "set_orchestrator_url",
         )
 
+    def set_trainer(self, pool_id: int, trainer: str) -> TxInfo:
+        """Name the pool's new manifest signer (pool owner only)."""
+        return self._tx(
+            self.contract.functions.set_trainer(pool_id, to_address(trainer)), "set_trainer"
+        )
+
     def fund_pool(self, pool_id: int, amount: int) -> TxInfo:
         return self._tx(self.contract.functions.fund_pool(pool_id), "fund_pool", value=amount)
 
     def get_pool(self, pool_id: int) -> Pool:
-        owner, url, min_stake, reward_per_unit = self._call("pool", lambda f: f.pool(pool_id))
+        owner, url, min_stake, reward_per_unit, trainer = self._call(
+            "pool", lambda f: f.pool(pool_id)
+        )
         return Pool(
             pool_id=pool_id,
             owner=owner,
             orchestrator_url=url,
+            trainer=trainer,
             min_stake=min_stake,
             reward_per_unit=reward_per_unit,
             funds=self.pool_funds(pool_id),
@@ -140,17 +155,43 @@ class LedgerClient:
     def slash_bps(self) -> int:
         return self._call("SLASH_BPS", lambda f: f.SLASH_BPS())
 
+    def unbonding_blocks(self) -> int:
+        return self._call("UNBONDING_BLOCKS", lambda f: f.UNBONDING_BLOCKS())
+
     # --- stakes -----------------------------------------------------------------------------
 
     def join(self, pool_id: int, stake: int) -> TxInfo:
         """Stake into a pool (or top up an existing stake)."""
         return self._tx(self.contract.functions.join(pool_id), "join", value=stake)
 
-    def leave(self, pool_id: int) -> int:
-        """Leave a pool; returns the stake paid back."""
+    def leave(self, pool_id: int) -> LeaveResult:
+        """Leave a pool. Nothing is paid yet: the stake stays slashable while it unbonds, and
+        `withdraw` pays what is left of it once `block_number() >= result.unbonding_until`."""
         receipt = self._send(self.contract.functions.leave(pool_id), "leave")
         (event,) = self._events_in(receipt, "WorkerLeft")
-        return int(event["args"]["returned"])
+        return LeaveResult(
+            stake=int(event["args"]["stake"]),
+            unbonding_until=int(event["args"]["unbonding_until"]),
+            tx=_tx_info(receipt),
+        )
+
+    def withdraw(self, pool_id: int) -> int:
+        """Take back the stake of a pool this account left; returns the wei paid.
+
+        Refused ("still unbonding") until `block_number() >= unbonding_until`: the contract
+        would accept a transaction mined in that block, but gas estimation runs the call on the
+        latest block and refuses one block earlier. On a chain that mines only per transaction
+        (anvil), blocks must be mined for the wait to end.
+        """
+        receipt = self._send(self.contract.functions.withdraw(pool_id), "withdraw")
+        (event,) = self._events_in(receipt, "StakeWithdrawn")
+        return int(event["args"]["amount"])
+
+    def unbonding_until(self, pool_id: int, worker: str) -> int:
+        """First block `withdraw` pays `worker` from; 0 for a member or after a withdrawal."""
+        return self._call(
+            "unbonding_until", lambda f: f.unbonding_until(pool_id, to_address(worker))
+        )
 
     def is_member(self, pool_id: int, worker: str) -> bool:
         return self._call("is_member", lambda f: f.is_member(pool_id, to_address(worker)))

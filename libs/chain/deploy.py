@@ -5,7 +5,7 @@ from __future__ import annotations
 from eth_account.signers.local import LocalAccount
 
 from .artifacts import LEDGER_CONTRACT, load_artifact
-from .deployment import DEFAULT_SLASH_BPS, Deployment
+from .deployment import DEFAULT_SLASH_BPS, DEFAULT_UNBONDING_BLOCKS, Deployment
 from .errors import ChainError
 from .transactions import TxSender, chain_errors, make_web3
 
@@ -15,18 +15,23 @@ def deploy_ledger(
     account: LocalAccount,
     *,
     slash_bps: int = DEFAULT_SLASH_BPS,
+    unbonding_blocks: int = DEFAULT_UNBONDING_BLOCKS,
     timeout: float = 120.0,
 ) -> Deployment:
     """Deploy SwarmLedger with `account`; returns the record to write with `write_deployment`."""
     if not 0 <= slash_bps <= 10_000:
         raise ChainError(f"slash_bps must be within 0..10000, got {slash_bps}")
+    if unbonding_blocks < 0:
+        raise ChainError(f"unbonding_blocks must be >= 0, got {unbonding_blocks}")
     artifact = load_artifact(LEDGER_CONTRACT)
     w3 = make_web3(rpc_url)
     with chain_errors("deploy", rpc_url):
         chain_id = w3.eth.chain_id
     factory = w3.eth.contract(abi=artifact.abi, bytecode=artifact.bytecode)
     sender = TxSender(w3, account, timeout=timeout)
-    receipt = sender.send(factory.constructor(slash_bps), f"deploy {artifact.name}")
+    receipt = sender.send(
+        factory.constructor(slash_bps, unbonding_blocks), f"deploy {artifact.name}"
+    )
     return Deployment(
         rpc_url=rpc_url,
         chain_id=chain_id,
@@ -36,4 +41,5 @@ def deploy_ledger(
         tx_hash=receipt["transactionHash"].to_0x_hex(),
         contract=artifact.name,
         slash_bps=slash_bps,
+        unbonding_blocks=unbonding_blocks,
     )

@@ -13,6 +13,14 @@ from .files import atomic_write_text
 # single bad rollout, small enough that one validator error is not ruinous.
 DEFAULT_SLASH_BPS = 1_000
 
+# How long (in blocks) a leaving worker's stake stays slashable. A day of Ethereum's 12 s
+# blocks: validators slash within minutes of a submission (`attest_interval_s`), so a day covers
+# a validator that was down overnight, and ties an honest worker's stake up for no longer than
+# that. Counted in blocks, so convert for faster chains (an L2 with 2 s blocks needs 43_200).
+# Anvil mines a block per transaction, not per second: there it means 7_200 transactions, and
+# tests or local runs that want to withdraw mine blocks (`anvil_mine`) or deploy with fewer.
+DEFAULT_UNBONDING_BLOCKS = 7_200
+
 
 @dataclass(frozen=True)
 class Deployment:
@@ -24,6 +32,7 @@ class Deployment:
     tx_hash: str
     contract: str
     slash_bps: int
+    unbonding_blocks: int
 
 
 def write_deployment(path: str | Path, deployment: Deployment) -> None:

@@ -29,6 +29,8 @@ class Pool:
     pool_id: int
     owner: str
     orchestrator_url: str
+    # The address whose signatures on policy manifests the pool accepts.
+    trainer: str
     min_stake: int
     reward_per_unit: int
     funds: int
@@ -69,6 +71,16 @@ class AttestResult:
     @property
     def gas_used(self) -> int:
         return sum(tx.gas_used for tx in self.txs)
+
+
+@dataclass(frozen=True)
+class LeaveResult:
+    """A worker left: `stake` wei stays slashable until block `unbonding_until`; from then on
+    `withdraw` pays what slashes left of it."""
+
+    stake: int
+    unbonding_until: int
+    tx: TxInfo
 
 
 @dataclass(frozen=True)

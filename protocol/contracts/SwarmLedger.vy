@@ -7,7 +7,8 @@
 @notice The on-chain registry of Prime Swarm: pools, worker stakes, the
         validator registry, attested work, slashing and rewards.
         One contract holds every pool so that a worker needs only a pool
-        id and an RPC URL to find a pool's orchestrator.
+        id and an RPC URL to find a pool's orchestrator and the address
+        that signs its policies.
 @dev Design decisions, fixed here so that off-chain code can rely on them:
      - A work key (e.g. keccak256 of a rollout id) lives in exactly one of
        three states per pool: none -> attested, or none -> slashed. It never
@@ -28,9 +29,25 @@
      - Rewards are credited at attestation time whether or not the pool is
        funded; `claim_rewards` pays what the funds cover and leaves the rest
        of the balance claimable later.
-     - A worker who leaves keeps earned rewards. There is no unbonding delay
-       yet: a worker can leave before a pending slash lands, and the slash
-       then takes nothing (the key is still marked slashed).
+     - A worker who leaves keeps earned rewards.
+     - Leaving is in two steps so that stake backs work until every verdict
+       on it can have landed. `leave` ends membership at once (no new work
+       is attested, the orchestrator treats the worker as gone) but keeps
+       the stake in `stake_of`, where `slash` still reaches it; `withdraw`
+       pays it out from UNBONDING_BLOCKS blocks later on. Without the delay
+       a worker could leave in the block before a pending slash and the
+       slash would take nothing. The delay is in blocks, not seconds,
+       because a block producer can skew `block.timestamp` but not
+       `block.number`; deployers convert from their chain's block time. A
+       value of 0 lets a worker withdraw in the block it leaves, i.e. turns
+       the protection off.
+     - `join` during (or after) unbonding re-joins: the unbonding is
+       cancelled and the remaining stake counts toward the pool minimum, so
+       a worker who changes their mind need not withdraw and re-send.
+     - Each pool names its trainer: the address whose signatures on policy
+       manifests workers and validators accept. It lives on chain, set by
+       the pool owner, so that nobody has to take it from the orchestrator,
+       which is the party a worker trusts least.
 """
 
 
@@ -55,6 +72,8 @@ SKIP_NOT_MEMBER: constant(uint8) = 3
 struct Pool:
     owner: address
     orchestrator_url: String[256]
+    # Signer of the pool's policy manifests; never the zero address.
+    trainer: address
     min_stake: uint256
     reward_per_unit: uint256
     # Unallocated ether that pays `claim_rewards`.
@@ -67,10 +86,16 @@ event PoolCreated:
     orchestrator_url: String[256]
     min_stake: uint256
     reward_per_unit: uint256
+    trainer: address
 
 event OrchestratorUrlChanged:
     pool_id: indexed(uint256)
     orchestrator_url: String[256]
+
+event TrainerChanged:
+    pool_id: indexed(uint256)
+    previous: address
+    trainer: address
 
 event PoolFunded:
     pool_id: indexed(uint256)
@@ -89,10 +114,17 @@ event StakeAdded:
     amount: uint256
     stake: uint256
 
+# The stake stays in the pool, slashable, until block `unbonding_until`.
 event WorkerLeft:
     pool_id: indexed(uint256)
     worker: indexed(address)
-    returned: uint256
+    stake: uint256
+    unbonding_until: uint256
+
+event StakeWithdrawn:
+    pool_id: indexed(uint256)
+    worker: indexed(address)
+    amount: uint256
 
 event ValidatorRegistered:
     pool_id: indexed(uint256)
@@ -137,12 +169,20 @@ event RewardsClaimed:
 # Fraction of a worker's stake taken by one slash, in basis points.
 SLASH_BPS: public(immutable(uint256))
 
+# Blocks between `leave` and the first block `withdraw` pays out.
+UNBONDING_BLOCKS: public(immutable(uint256))
+
 # Ids are 1-based so that 0 can mean "no pool" off chain.
 pool_count: public(uint256)
 _pools: HashMap[uint256, Pool]
 
 is_member: public(HashMap[uint256, HashMap[address, bool]])
+# A member's stake, or a former member's stake that is unbonding or not yet
+# withdrawn; slashable in both cases.
 stake_of: public(HashMap[uint256, HashMap[address, uint256]])
+# First block at which a worker who left may withdraw; 0 while a member or
+# after a withdrawal.
+unbonding_until: public(HashMap[uint256, HashMap[address, uint256]])
 is_validator: public(HashMap[uint256, HashMap[address, bool]])
 
 work_status: public(HashMap[uint256, HashMap[bytes32, uint8]])
@@ -152,13 +192,16 @@ reward_balance: public(HashMap[uint256, HashMap[address, uint256]])
 
 
 @deploy
-def __init__(slash_bps: uint256):
+def __init__(slash_bps: uint256, unbonding_blocks: uint256):
     """
     @param slash_bps Share of a worker's stake one slash takes, in basis
            points (1000 = 10%).
+    @param unbonding_blocks Blocks a worker's stake stays slashable after
+           `leave`; longer than the slowest verdict the pool expects.
     """
     assert slash_bps <= BPS, "slash_bps above 10000"
     SLASH_BPS = slash_bps
+    UNBONDING_BLOCKS = unbonding_blocks
 
 
 # --- pools ------------------------------------------------------------------
@@ -166,18 +209,24 @@ def __init__(slash_bps: uint256):
 
 @external
 def create_pool(
-    orchestrator_url: String[256], min_stake: uint256, reward_per_unit: uint256
+    orchestrator_url: String[256],
+    min_stake: uint256,
+    reward_per_unit: uint256,
+    trainer: address,
 ) -> uint256:
     """
     @notice Open a pool owned by the caller.
+    @param trainer The address that signs the pool's policy manifests.
     @return The new pool's id (starting at 1).
     """
     assert len(orchestrator_url) > 0, "empty orchestrator url"
+    assert trainer != empty(address), "zero trainer"
     pool_id: uint256 = self.pool_count + 1
     self.pool_count = pool_id
     self._pools[pool_id] = Pool(
         owner=msg.sender,
         orchestrator_url=orchestrator_url,
+        trainer=trainer,
         min_stake=min_stake,
         reward_per_unit=reward_per_unit,
         funds=0,
@@ -188,6 +237,7 @@ def create_pool(
         orchestrator_url=orchestrator_url,
         min_stake=min_stake,
         reward_per_unit=reward_per_unit,
+        trainer=trainer,
     )
     return pool_id
 
@@ -198,6 +248,20 @@ def set_orchestrator_url(pool_id: uint256, orchestrator_url: String[256]):
     assert len(orchestrator_url) > 0, "empty orchestrator url"
     self._pools[pool_id].orchestrator_url = orchestrator_url
     log OrchestratorUrlChanged(pool_id=pool_id, orchestrator_url=orchestrator_url)
+
+
+@external
+def set_trainer(pool_id: uint256, trainer: address):
+    """
+    @notice Name a new signer of the pool's policy manifests (e.g. after a
+            key rotation). Owner only: whoever sets it decides which
+            policies workers run.
+    """
+    self._check_owner(pool_id)
+    assert trainer != empty(address), "zero trainer"
+    previous: address = self._pools[pool_id].trainer
+    self._pools[pool_id].trainer = trainer
+    log TrainerChanged(pool_id=pool_id, previous=previous, trainer=trainer)
 
 
 @external
@@ -216,13 +280,13 @@ def fund_pool(pool_id: uint256):
 
 @view
 @external
-def pool(pool_id: uint256) -> (address, String[256], uint256, uint256):
+def pool(pool_id: uint256) -> (address, String[256], uint256, uint256, address):
     """
-    @return owner, orchestrator_url, min_stake, reward_per_unit
+    @return owner, orchestrator_url, min_stake, reward_per_unit, trainer
     """
     self._check_pool(pool_id)
     p: Pool = self._pools[pool_id]
-    return p.owner, p.orchestrator_url, p.min_stake, p.reward_per_unit
+    return p.owner, p.orchestrator_url, p.min_stake, p.reward_per_unit, p.trainer
 
 
 @view
@@ -239,8 +303,10 @@ def pool_funds(pool_id: uint256) -> uint256:
 @payable
 def join(pool_id: uint256):
     """
-    @notice Stake into a pool. The first call must bring at least the pool's
-            minimum stake; later calls top the stake up (e.g. after a slash).
+    @notice Stake into a pool. A non-member becomes a member if its stake
+            (what is left from before, if it is unbonding, plus msg.value)
+            reaches the pool's minimum; this cancels any unbonding. A member
+            tops its stake up (e.g. after a slash).
     """
     self._check_pool(pool_id)
     stake: uint256 = self.stake_of[pool_id][msg.sender] + msg.value
@@ -249,28 +315,51 @@ def join(pool_id: uint256):
         self.stake_of[pool_id][msg.sender] = stake
         log StakeAdded(pool_id=pool_id, worker=msg.sender, amount=msg.value, stake=stake)
         return
-    assert msg.value >= self._pools[pool_id].min_stake, "stake below pool minimum"
+    assert stake >= self._pools[pool_id].min_stake, "stake below pool minimum"
     self.is_member[pool_id][msg.sender] = True
     self.stake_of[pool_id][msg.sender] = stake
+    self.unbonding_until[pool_id][msg.sender] = 0
     log WorkerJoined(pool_id=pool_id, worker=msg.sender, stake=stake)
 
 
 @external
-@nonreentrant
 def leave(pool_id: uint256) -> uint256:
     """
-    @notice Leave a pool and take back what is left of the stake. Earned
-            rewards stay claimable.
-    @return The ether returned.
+    @notice Leave a pool: membership ends now, the stake unbonds. It stays
+            slashable for UNBONDING_BLOCKS blocks and is then paid out by
+            `withdraw`. Earned rewards stay claimable.
+    @return The block from which `withdraw` pays out.
     """
     assert self.is_member[pool_id][msg.sender], "not a member"
-    stake: uint256 = self.stake_of[pool_id][msg.sender]
+    until: uint256 = block.number + UNBONDING_BLOCKS
     self.is_member[pool_id][msg.sender] = False
+    self.unbonding_until[pool_id][msg.sender] = until
+    log WorkerLeft(
+        pool_id=pool_id,
+        worker=msg.sender,
+        stake=self.stake_of[pool_id][msg.sender],
+        unbonding_until=until,
+    )
+    return until
+
+
+@external
+@nonreentrant
+def withdraw(pool_id: uint256) -> uint256:
+    """
+    @notice Take back the stake of a pool the caller left, once its
+            unbonding has ended; what slashes took during unbonding is gone.
+    @return The ether paid.
+    """
+    assert not self.is_member[pool_id][msg.sender], "still a member"
+    stake: uint256 = self.stake_of[pool_id][msg.sender]
+    assert stake > 0, "nothing to withdraw"
+    assert block.number >= self.unbonding_until[pool_id][msg.sender], "still unbonding"
     self.stake_of[pool_id][msg.sender] = 0
-    log WorkerLeft(pool_id=pool_id, worker=msg.sender, returned=stake)
+    self.unbonding_until[pool_id][msg.sender] = 0
+    log StakeWithdrawn(pool_id=pool_id, worker=msg.sender, amount=stake)
     # State is settled before the transfer, and the lock covers the rest.
-    if stake > 0:
-        raw_call(msg.sender, b"", value=stake)
+    raw_call(msg.sender, b"", value=stake)
     return stake
 
 
@@ -365,7 +454,9 @@ def slash(pool_id: uint256, worker: address, work_key: bytes32, reason: String[6
     """
     @notice Punish rejected work: take SLASH_BPS of the worker's stake into
             the pool's reward funds and mark the key so it can never be paid.
-            Reverts if the key is already attested or slashed.
+            A worker who left is slashable until it withdraws (see the
+            module notes). Reverts if the key is already attested or
+            slashed.
     @return The ether slashed (0 if the worker has no stake left).
     """
     assert self.is_validator[pool_id][msg.sender], "not a validator"

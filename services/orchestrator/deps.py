@@ -1,17 +1,20 @@
-"""FastAPI dependencies: the objects each route needs, built once per app."""
+"""FastAPI dependencies: the objects each route needs, built once per app, and the signed,
+rate-limited caller every route starts from."""
 
 from __future__ import annotations
 
-import asyncio
+import math
 from dataclasses import dataclass
-from functools import partial
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, HTTPException, Request
 from redis.asyncio import Redis
 
-from prime_swarm.libs.chain.client import LedgerClient
+from prime_swarm.libs.guard.ratelimit import Limited, RateLimiter
 
+from . import metrics
 from .settings import OrchestratorSettings
+from .standing import StandingBook
 from .state import LeaseBook, PolicyTracker
 
 
@@ -21,23 +24,50 @@ class Pool:
     redis: Redis
     policy: PolicyTracker
     leases: LeaseBook
-    ledger: LedgerClient
-
-    async def in_good_standing(self, worker: str) -> bool:
-        """A member whose stake (after any slashing) still covers the pool's minimum."""
-        loop = asyncio.get_running_loop()  # web3 is synchronous; keep it off the event loop
-        pool_id = self.settings.pool_id
-        if not await loop.run_in_executor(None, partial(self.ledger.is_member, pool_id, worker)):
-            return False
-        stake = await loop.run_in_executor(None, partial(self.ledger.stake_of, pool_id, worker))
-        pool = await loop.run_in_executor(None, partial(self.ledger.get_pool, pool_id))
-        return stake >= pool.min_stake
+    standing: StandingBook
+    limiter: RateLimiter
 
 
 def get_pool(request: Request) -> Pool:
     return request.app.state.pool
 
 
-async def get_signer(request: Request) -> str:
-    """The verified EIP-191 signer of this request (401 otherwise)."""
-    return await request.app.state.auth(request)
+PoolDep = Annotated[Pool, Depends(get_pool)]
+
+
+def refuse(
+    route: str, status: int, reason: str, code: str, headers: dict[str, str] | None = None
+) -> HTTPException:
+    metrics.REQUESTS_REFUSED.labels(route, code).inc()
+    return HTTPException(
+        status_code=status, detail={"reason": code, "message": reason}, headers=headers
+    )
+
+
+def rate_limited(route: str, exc: Limited) -> HTTPException:
+    wait = max(1, math.ceil(exc.retry_after_s))
+    return refuse(
+        route,
+        429,
+        f"rate limit of {route} reached; retry in {exc.retry_after_s:.2f}s",
+        "rate_limited",
+        headers={"Retry-After": str(wait)},
+    )
+
+
+async def get_signer(request: Request, pool: PoolDep) -> str:
+    """The verified EIP-191 signer of this request (401 otherwise), counted against the
+    signer's limit for this route (429). The signature comes first: a forged address must not
+    spend someone else's allowance."""
+    signer = await request.app.state.auth(request)
+    route = request.scope["route"].name
+    try:
+        await pool.limiter.hit(
+            f"{route}:{signer.lower()}", getattr(pool.settings.rate_limits, route)
+        )
+    except Limited as exc:
+        raise rate_limited(route, exc) from None
+    return signer
+
+
+Signer = Annotated[str, Depends(get_signer)]

@@ -6,9 +6,10 @@ import hashlib
 import logging
 import time
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter
 from redis.exceptions import ResponseError
 
+from prime_swarm.libs.guard.ratelimit import Limited
 from prime_swarm.libs.rollout.admission import Refusal, check_admission, check_version
 from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.streams.consumer import group_backlog
@@ -27,18 +28,13 @@ from prime_swarm.protocol.messages import (
 from prime_swarm.protocol.signing import AuthError, require_signer_is
 
 from . import metrics
-from .deps import Pool, get_pool, get_signer
+from .deps import Pool, PoolDep, Signer, rate_limited, refuse
 from .state import WORKERS
 
 log = logging.getLogger("orchestrator")
 router = APIRouter(prefix="/v1")
 # A stale policy is the clock's fault as often as the worker's: 409 tells it to refetch.
 REFUSAL_STATUS = {"stale_policy": 409}
-
-
-def refuse(route: str, status: int, reason: str, code: str) -> HTTPException:
-    metrics.REQUESTS_REFUSED.labels(route, code).inc()
-    return HTTPException(status_code=status, detail={"reason": code, "message": reason})
 
 
 def check_identity(route: str, signer: str, worker: str, pool: Pool, pool_id: int) -> None:
@@ -59,10 +55,19 @@ async def check_registered(route: str, pool: Pool, worker: str) -> None:
         )
 
 
+async def check_standing(route: str, pool: Pool, worker: str) -> None:
+    """Stake is enforced on every lease and submission, not only at registration: a worker who
+    left (unbonding) or was slashed below the minimum stops here within `standing_cache_s`."""
+    try:
+        standing = await pool.standing.of(worker)
+    except Limited as exc:
+        raise rate_limited(route, exc) from None
+    if not standing.ok:
+        raise refuse(route, 403, standing.explain(worker, pool.settings.pool_id), standing.verdict)
+
+
 @router.post("/register", response_model=RegisterReply)
-async def register(
-    body: RegisterRequest, signer: str = Depends(get_signer), pool: Pool = Depends(get_pool)
-) -> RegisterReply:
+async def register(body: RegisterRequest, signer: Signer, pool: PoolDep) -> RegisterReply:
     check_identity("register", signer, body.worker, pool, body.pool_id)
     if acceptance_for(body.backend) is None:
         raise refuse(
@@ -71,14 +76,8 @@ async def register(
             f"this pool has no calibrated proof limits for backend {body.backend!r}",
             "unsupported_backend",
         )
-    if not await pool.in_good_standing(body.worker):
-        raise refuse(
-            "register",
-            403,
-            f"{body.worker} has no stake (or less than the minimum) in pool {body.pool_id}; "
-            "join on chain first",
-            "not_a_member",
-        )
+    pool.standing.forget(body.worker)  # a worker registering has often just staked
+    await check_standing("register", pool, body.worker)
     await pool.redis.hset(WORKERS, body.worker.lower(), time.time())
     metrics.WORKERS_SEEN.set(await pool.redis.hlen(WORKERS))
     log.info("worker registered", extra={"fields": {"worker": body.worker}})
@@ -91,9 +90,7 @@ async def register(
 
 
 @router.post("/heartbeat", response_model=HeartbeatReply)
-async def heartbeat(
-    body: Heartbeat, signer: str = Depends(get_signer), pool: Pool = Depends(get_pool)
-) -> HeartbeatReply:
+async def heartbeat(body: Heartbeat, signer: Signer, pool: PoolDep) -> HeartbeatReply:
     check_identity("heartbeat", signer, body.worker, pool, body.pool_id)
     await check_registered("heartbeat", pool, body.worker)
     await pool.redis.hset(WORKERS, body.worker.lower(), time.time())
@@ -104,11 +101,10 @@ async def heartbeat(
 
 
 @router.post("/lease", response_model=LeaseReply)
-async def lease(
-    body: LeaseRequest, signer: str = Depends(get_signer), pool: Pool = Depends(get_pool)
-) -> LeaseReply:
+async def lease(body: LeaseRequest, signer: Signer, pool: PoolDep) -> LeaseReply:
     check_identity("lease", signer, body.worker, pool, body.pool_id)
     await check_registered("lease", pool, body.worker)
+    await check_standing("lease", pool, body.worker)
     info = await pool.policy.info()
     if info is None:
         return LeaseReply(lease=None, retry_after_s=1.0)
@@ -140,11 +136,10 @@ async def _validation_backlog(pool: Pool) -> int:
 
 
 @router.post("/submit", response_model=SubmitReply)
-async def submit(
-    body: RolloutSubmission, signer: str = Depends(get_signer), pool: Pool = Depends(get_pool)
-) -> SubmitReply:
+async def submit(body: RolloutSubmission, signer: Signer, pool: PoolDep) -> SubmitReply:
     check_identity("submit", signer, body.worker, pool, body.pool_id)
     await check_registered("submit", pool, body.worker)
+    await check_standing("submit", pool, body.worker)
     lease = await pool.leases.get(body.lease_id)
     if lease is None:
         raise refuse("submit", 404, f"unknown or expired lease {body.lease_id}", "unknown_lease")

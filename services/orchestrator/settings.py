@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from prime_swarm.libs.guard.ratelimit import Rate
 from prime_swarm.libs.rollout.recipe import Recipe
+
+
+class RouteRates(BaseModel):
+    """Per-worker limits of each signed route; a worker over one gets 429 with Retry-After."""
+
+    register: Rate = Field(
+        default_factory=lambda: Rate(per_second=0.2, burst=5),
+        description="Registrations: once per session, so a handful is plenty.",
+    )
+    heartbeat: Rate = Field(
+        default_factory=lambda: Rate(per_second=2.0, burst=10),
+        description="Heartbeats: workers send one every `heartbeat_interval_s`.",
+    )
+    lease: Rate = Field(
+        default_factory=lambda: Rate(per_second=20.0, burst=40),
+        description="Lease requests: one per group generated, more while the pool is idle.",
+    )
+    submit: Rate = Field(
+        default_factory=lambda: Rate(per_second=20.0, burst=40),
+        description="Submissions: one per lease.",
+    )
 
 
 class OrchestratorSettings(BaseSettings):
@@ -17,7 +39,6 @@ class OrchestratorSettings(BaseSettings):
     rpc_url: str = Field("http://127.0.0.1:8545", description="JSON-RPC of the ledger's chain.")
     ledger_address: str = Field(..., description="Address of the deployed SwarmLedger.")
     pool_id: int = Field(..., ge=1, description="The on-chain pool this orchestrator fronts.")
-    trainer_address: str = Field(..., description="The trainer key that signs manifests.")
     relays: list[str] = Field(
         default_factory=list, description="Relay base URLs handed to workers for downloads."
     )
@@ -34,5 +55,19 @@ class OrchestratorSettings(BaseSettings):
         2000, ge=1, description="Refuse new leases while this many rollouts await validation."
     )
     max_clock_skew_s: float = Field(30.0, gt=0, description="Signed-request timestamp window.")
+    rate_limits: RouteRates = Field(
+        default_factory=RouteRates, description="Per-worker rate limits of the signed routes."
+    )
+    chain_lookup_rate: Rate = Field(
+        default_factory=lambda: Rate(per_second=20.0, burst=50),
+        description="Pool-wide budget of uncached stake lookups on chain, so that requests from "
+        "throwaway keys cannot make the orchestrator spend chain calls at will.",
+    )
+    standing_cache_s: float = Field(
+        5.0, gt=0, description="How long a worker's on-chain standing is trusted before re-reading."
+    )
+    max_body_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="Largest request body read, whatever the framing."
+    )
     chain_timeout_s: float = Field(10.0, gt=0, description="Timeout of each chain call.")
     log_level: str = Field("INFO", description="Log level.")

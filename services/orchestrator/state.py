@@ -48,7 +48,6 @@ class PolicyTracker:
             manifest_path=ann.manifest_path,
             relays=self.settings.relays,
             min_version=oldest_admitted(ann.version, self.settings.recipe.async_level),
-            trainer=self.settings.trainer_address,
         )
 
 

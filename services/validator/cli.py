@@ -8,6 +8,7 @@ import threading
 
 import torch
 
+from prime_swarm.libs.chain.errors import ChainError
 from prime_swarm.libs.observability.http import serve_observability
 from prime_swarm.libs.observability.logs import setup_logging
 from prime_swarm.protocol.keys import load_key
@@ -40,7 +41,10 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(settings.threads)
     from .loop import Validator
 
-    validator = Validator(settings, account)
+    try:
+        validator = Validator(settings, account)
+    except ChainError as exc:
+        parser.exit(2, f"prime-validator: {exc}\n")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections import defaultdict
 
@@ -10,6 +11,7 @@ import redis
 import torch
 from eth_account.signers.local import LocalAccount
 
+from prime_swarm.libs.chain.anchor import trusted_trainer
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.policy.store import LoadedPolicy, PolicyError, PolicyStore
 from prime_swarm.libs.rollout import verify
@@ -35,6 +37,10 @@ NOT_SLASHED = {"stale_policy"}
 SEEN_TTL_S = 7 * 24 * 3600
 
 
+def default_consumer(address: str) -> str:
+    return f"validator-{address.lower()[2:12]}-{socket.gethostname()}"
+
+
 class Validator:
     def __init__(self, settings: ValidatorSettings, account: LocalAccount) -> None:
         self.s, self.account = settings, account
@@ -43,7 +49,7 @@ class Validator:
             self.r,
             streams.ROLLOUTS_SUBMITTED,
             streams.VALIDATOR_GROUP,
-            settings.consumer,
+            settings.consumer or default_consumer(account.address),
             SubmittedRollout,
             min_idle_ms=settings.reclaim_idle_ms,
         )
@@ -66,7 +72,7 @@ class Validator:
         )
         self.store = PolicyStore(
             settings.cache_dir,
-            settings.trusted_trainer,
+            trusted_trainer(self.ledger.get_pool(settings.pool_id), settings.trusted_trainer),
             keep=settings.keep_versions,
             timeout_s=settings.http_timeout_s,
             # fp32 weights, cast once per precision a worker declares (CausalLM.cast caches).

@@ -18,7 +18,11 @@ class ValidatorSettings(BaseSettings):
     ledger_address: str = Field(..., description="Address of the SwarmLedger contract.")
     pool_id: int = Field(..., ge=1, description="Pool whose work this validator checks.")
     key_file: Path = Field(..., description="Validator key; registered on chain by the owner.")
-    trusted_trainer: str = Field(..., description="Trainer address that signs manifests.")
+    trusted_trainer: str | None = Field(
+        None,
+        description="Pin the trainer address that signs manifests. Default: the trainer named "
+        "in the pool's record on chain.",
+    )
     relays: list[str] = Field(..., description="Relay URLs to download policies from.")
     cache_dir: Path = Field(Path(".cache/validator"), description="Downloaded policies.")
     keep_versions: int = Field(4, ge=1, description="Policy versions kept loaded.")
@@ -32,7 +36,12 @@ class ValidatorSettings(BaseSettings):
     attest_interval_s: float = Field(
         2.0, gt=0, description="Flush attestations at least this often."
     )
-    consumer: str = Field("validator-0", description="Consumer name in the validators group.")
+    consumer: str | None = Field(
+        None,
+        description="Consumer name in the validators group; unique per validator process. "
+        "Default: derived from the validator's address and host name, so that two operators "
+        "never share one (and a restarted validator finds its own pending entries).",
+    )
     reclaim_idle_ms: int = Field(30_000, description="Reclaim entries idle this long.")
     chain_timeout_s: float = Field(30.0, gt=0, description="Timeout of each chain call.")
     http_timeout_s: float = Field(30.0, gt=0, description="Timeout of each download request.")

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import get_args
 
+from prime_swarm.libs.chain.client import LedgerClient
+from prime_swarm.libs.chain.errors import ChainError
 from prime_swarm.libs.observability.http import serve_observability
 from prime_swarm.libs.observability.logs import setup_logging
 from prime_swarm.protocol.keys import KeyFileError, load_or_create_key
@@ -32,11 +34,26 @@ def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Work
         "backend": getattr(args, "backend", None),
         "device": getattr(args, "device", None),
         "precision": getattr(args, "precision", None),
+        "trainer": getattr(args, "trainer", None),
     }
     try:
         return WorkerSettings(**{k: v for k, v in overrides.items() if v is not None})
     except Exception as exc:
         parser.error(str(exc))
+
+
+def unstake(ledger: LedgerClient, command: str, pool_id: int, address: str) -> str:
+    """Leave (start unbonding) or withdraw; returns the line to show the contributor."""
+    if command == "leave":
+        left = ledger.leave(pool_id)
+        return (
+            f"{address} left pool {pool_id}; {left.stake} wei unbond until block "
+            f"{left.unbonding_until} (still slashable until then), then run `prime-worker withdraw`"
+        )
+    until, now = ledger.unbonding_until(pool_id, address), ledger.block_number()
+    if until > now:
+        return f"{address}: stake in pool {pool_id} unbonds until block {until} (now {now})"
+    return f"{address} withdrew {ledger.withdraw(pool_id)} wei from pool {pool_id}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -48,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (
         ("join", "stake, register and generate rollouts until Ctrl-C"),
-        ("leave", "unstake from a pool"),
+        ("leave", "leave a pool: the stake unbonds (stays slashable) for the pool's period"),
+        ("withdraw", "take back the stake once its unbonding has ended"),
         ("address", "print (and create) this worker's address"),
     ):
         p = sub.add_parser(name, help=help_text)
@@ -68,6 +86,11 @@ def main(argv: list[str] | None = None) -> None:
             )
             p.add_argument("--device", help="cpu, cuda or cuda:N (PRIME_WORKER_DEVICE)")
             p.add_argument(
+                "--trainer",
+                help="pin the trainer's signing address; default: the pool's record on chain "
+                "(PRIME_WORKER_TRAINER)",
+            )
+            p.add_argument(
                 "--precision",
                 choices=["bf16", "fp16", "fp32"],
                 help="compute precision, declared with every submission (PRIME_WORKER_PRECISION)",
@@ -84,6 +107,15 @@ def main(argv: list[str] | None = None) -> None:
         account = load_or_create_key(settings.key_file)
     except KeyFileError as exc:
         parser.exit(2, f"prime-worker: {exc}\n")
+    if args.command in ("leave", "withdraw"):
+        ledger = LedgerClient(
+            settings.rpc_url, settings.ledger_address, account, timeout=settings.chain_timeout_s
+        )
+        try:
+            print(unstake(ledger, args.command, settings.pool_id, account.address))
+        except ChainError as exc:
+            parser.exit(1, f"prime-worker {args.command}: {exc}\n")
+        return
     import torch
 
     torch.set_num_threads(settings.threads)
@@ -100,10 +132,6 @@ def main(argv: list[str] | None = None) -> None:
     except VLLMBackendError as exc:
         parser.exit(2, f"prime-worker: --backend {settings.backend}: {exc}\n")
     worker = Worker(settings, account, backend)
-    if args.command == "leave":
-        worker.ledger.leave(settings.pool_id)
-        print(f"{account.address} left pool {settings.pool_id}")
-        return
 
     # Ctrl-C / SIGTERM: finish the rollout in hand, then stop (and unstake if asked).
     def request_stop(*_: object) -> None:

@@ -8,8 +8,9 @@ from typing import TypeVar
 
 import httpx
 from eth_account.signers.local import LocalAccount
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
+from prime_swarm.libs.guard import untrusted_json
 from prime_swarm.protocol.messages import (
     Heartbeat,
     HeartbeatReply,
@@ -23,6 +24,10 @@ from prime_swarm.protocol.messages import (
 from prime_swarm.protocol.signing import WorkerAuth
 
 log = logging.getLogger("worker.client")
+# Replies are a few KiB; an orchestrator is not trusted to keep them small.
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+MAX_ERROR_BYTES = 64 * 1024
+MAX_SHOWN = 500
 R = TypeVar("R", bound=BaseModel)
 
 
@@ -30,6 +35,31 @@ class OrchestratorError(RuntimeError):
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status, self.reason, self.message = status, reason, message
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds < 3600 else None
+
+
+def _error(status: int, raw: bytes) -> OrchestratorError:
+    """The orchestrator's `{"detail": {"reason", "message"}}`, parsed as untrusted input."""
+    try:
+        detail = untrusted_json.loads(raw, max_bytes=MAX_ERROR_BYTES).get("detail", {})
+    except (untrusted_json.UntrustedJSONError, AttributeError):
+        detail = raw[:MAX_SHOWN].decode(errors="replace")
+    if isinstance(detail, dict):
+        return OrchestratorError(
+            status,
+            str(detail.get("reason", "error"))[:MAX_SHOWN],
+            str(detail.get("message", detail))[:MAX_SHOWN],
+        )
+    return OrchestratorError(
+        status, "server_error" if status >= 500 else "error", str(detail)[:MAX_SHOWN]
+    )
 
 
 class OrchestratorClient:
@@ -45,35 +75,46 @@ class OrchestratorClient:
         content = body.model_dump_json().encode()
         attempt = 0
         while True:
+            delay = min(8.0, 0.25 * 2 ** (attempt + 1))
             try:
                 # Each attempt is signed afresh (new nonce and timestamp) by WorkerAuth.
-                resp = self.http.post(
-                    path, content=content, headers={"content-type": "application/json"}
-                )
-                if resp.status_code < 500:
+                status, raw, retry_after = self._send(path, content)
+                if status == 429 and retry_after is not None:
+                    err: Exception = _error(status, raw)
+                    delay = min(30.0, max(delay, retry_after))
+                elif status < 500:
                     break
-                err: Exception = OrchestratorError(resp.status_code, "server_error", resp.text)
+                else:
+                    err = _error(status, raw)
             except httpx.TransportError as exc:
                 err = exc
             attempt += 1
             if attempt > self.retry_budget:
                 raise err
-            delay = min(8.0, 0.25 * 2**attempt)
             log.warning("retrying %s in %.1fs after %s", path, delay, err)
             time.sleep(delay)
-        if resp.status_code >= 400:
-            try:
-                detail = resp.json().get("detail", {})
-            except ValueError:
-                detail = resp.text
-            if isinstance(detail, dict):
-                raise OrchestratorError(
-                    resp.status_code,
-                    str(detail.get("reason", "error")),
-                    str(detail.get("message", detail)),
-                )
-            raise OrchestratorError(resp.status_code, "error", str(detail))
-        return reply.model_validate_json(resp.content)
+        if status >= 400:
+            raise _error(status, raw)
+        try:
+            return reply.model_validate_json(raw)
+        except ValidationError as exc:
+            raise OrchestratorError(
+                status, "bad_reply", f"the orchestrator's reply to {path} is not a {reply.__name__}"
+            ) from exc
+
+    def _send(self, path: str, content: bytes) -> tuple[int, bytes, float | None]:
+        """Status, body (read up to MAX_REPLY_BYTES, whatever the framing) and Retry-After."""
+        with self.http.stream(
+            "POST", path, content=content, headers={"content-type": "application/json"}
+        ) as resp:
+            raw = bytearray()
+            for chunk in resp.iter_bytes():
+                raw += chunk
+                if len(raw) > MAX_REPLY_BYTES:
+                    raise OrchestratorError(
+                        resp.status_code, "reply_too_large", f"reply over {MAX_REPLY_BYTES} bytes"
+                    )
+            return resp.status_code, bytes(raw), _retry_after(resp.headers.get("retry-after"))
 
     def register(self, req: RegisterRequest) -> RegisterReply:
         return self._post("/v1/register", req, RegisterReply)

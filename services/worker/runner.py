@@ -9,7 +9,9 @@ import time
 from eth_account.signers.local import LocalAccount
 from tqdm import tqdm
 
+from prime_swarm.libs.chain.anchor import trusted_trainer
 from prime_swarm.libs.chain.client import LedgerClient
+from prime_swarm.libs.chain.errors import ChainError
 from prime_swarm.libs.model.backend import GenerationBackend
 from prime_swarm.libs.model.causal_lm import PRECISIONS
 from prime_swarm.libs.policy.store import LoadedPolicy, PolicyError, PolicyStore
@@ -46,6 +48,7 @@ class Worker:
         )
         self.stop = threading.Event()
         self.policy_info: PolicyInfo | None = None
+        self.trusted_trainer = ""  # set by join_pool from the chain (or the pinned flag)
         self.store: PolicyStore | None = None
         self.submitted = 0
         self.refused = 0
@@ -57,6 +60,10 @@ class Worker:
             pool = self.ledger.get_pool(self.s.pool_id)
         except Exception as exc:
             raise JoinError(f"pool {self.s.pool_id} not found on chain: {exc}") from exc
+        try:
+            self.trusted_trainer = trusted_trainer(pool, self.s.trainer)
+        except ChainError as exc:
+            raise JoinError(f"--trainer: {exc}") from None
         if not self.ledger.is_member(self.s.pool_id, self.account.address):
             balance = self.ledger.balance_of(self.account.address)
             need = pool.min_stake + GAS_HEADROOM_WEI
@@ -84,7 +91,7 @@ class Worker:
         if self.store is None:
             self.store = PolicyStore(
                 self.s.cache_dir / self.account.address.lower(),
-                info.trainer,
+                self.trusted_trainer,
                 keep=self.s.keep_versions,
                 timeout_s=self.s.http_timeout_s * 4,
                 dtype=PRECISIONS[self.s.precision],
@@ -142,8 +149,11 @@ class Worker:
             self.stop.set()
             client.close()
             if self.s.unstake_on_exit:
-                self.ledger.leave(self.s.pool_id)
-                log.info("left the pool and unstaked")
+                left = self.ledger.leave(self.s.pool_id)
+                log.info(
+                    "left the pool; run `prime-worker withdraw` once the stake has unbonded",
+                    extra={"fields": {"wei": left.stake, "unbonding_until": left.unbonding_until}},
+                )
             log.info(
                 "worker stopped",
                 extra={"fields": {"submitted": self.submitted, "refused": self.refused}},

@@ -16,6 +16,11 @@ class WorkerSettings(BaseSettings):
     pool_id: int = Field(..., ge=1, description="On-chain pool to join.")
     rpc_url: str = Field("http://127.0.0.1:8545", description="JSON-RPC of the ledger's chain.")
     ledger_address: str = Field(..., description="Address of the SwarmLedger contract.")
+    trainer: str | None = Field(
+        None,
+        description="Pin the trainer's signing address. Default: the trainer named in the pool's "
+        "record on chain. Never taken from the orchestrator.",
+    )
     key_file: Path = Field(
         Path.home() / ".prime-swarm" / "worker-key.json",
         description="The worker's Ethereum key; created on first use.",

@@ -18,9 +18,11 @@ import pytest
 from prime_swarm.libs.chain.anvil import Anvil, free_port
 from prime_swarm.libs.chain.cli import main
 from prime_swarm.libs.chain.client import LedgerClient
+from prime_swarm.libs.chain.deployment import DEFAULT_UNBONDING_BLOCKS
 from prime_swarm.libs.chain.transactions import make_web3
 
 Run = tuple[int, str, str]
+TRAINER = "0x" + "7e" * 20
 
 
 def _console_script() -> list[str]:
@@ -64,17 +66,18 @@ def test_console_script_deploys_creates_a_pool_and_refuses_bad_input(
     deploy = script("deploy", "--rpc-url", anvil.rpc_url, "--out", str(record))
     assert deploy.returncode == 0, deploy.stderr
     assert deploy.stdout.strip() == json.loads(record.read_text())["address"]
+    assert json.loads(record.read_text())["unbonding_blocks"] == DEFAULT_UNBONDING_BLOCKS
 
     create = script(
         "create-pool", "--deployment", str(record), "--orchestrator-url", "http://orch.test",
-        "--min-stake", "1ether", "--reward-per-unit", "1gwei",
+        "--min-stake", "1ether", "--reward-per-unit", "1gwei", "--trainer", TRAINER,
     )  # fmt: skip
     assert create.returncode == 0, create.stderr
     assert create.stdout.strip() == "1"
 
     bad = script(
         "create-pool", "--deployment", str(record), "--orchestrator-url", "http://orch.test",
-        "--min-stake", "plenty", "--reward-per-unit", "1",
+        "--min-stake", "plenty", "--reward-per-unit", "1", "--trainer", TRAINER,
     )  # fmt: skip
     assert bad.returncode == 2
     assert "argument --min-stake: invalid amount 'plenty'" in bad.stderr
@@ -86,46 +89,63 @@ def test_deploy_create_pool_and_inspect(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    owner, validator, worker = anvil.dev_accounts(3)
+    owner, validator, worker, trainer = anvil.dev_accounts(4)
     record = tmp_path / "deployment.json"
     address = ok(
-        capsys, "deploy", "--rpc-url", anvil.rpc_url, "--dev-account", "0", "--out", str(record)
-    )
+        capsys, "deploy", "--rpc-url", anvil.rpc_url, "--dev-account", "0", "--out", str(record),
+        "--unbonding-blocks", "5",
+    )  # fmt: skip
     deployment = json.loads(record.read_text())
     assert deployment["address"] == address
     assert deployment["chain_id"] == anvil.chain_id
     assert deployment["deployer"] == owner.address
     assert deployment["slash_bps"] == 1000
+    assert (
+        deployment["unbonding_blocks"]
+        == 5
+        == LedgerClient.from_deployment(record).unbonding_blocks()
+    )
 
     # The owner's key through the environment, as an operator would pass it.
     monkeypatch.setenv("PRIME_CHAIN_PRIVATE_KEY", owner.key.to_0x_hex())
     common = ("--deployment", str(record))
     pool = ok(
         capsys, "create-pool", *common, "--orchestrator-url", "http://orch.test:8000",
-        "--min-stake", "0.5ether", "--reward-per-unit", "2gwei",
+        "--min-stake", "0.5ether", "--reward-per-unit", "2gwei", "--trainer", TRAINER,
     )  # fmt: skip
     assert pool == "1"
     ok(capsys, "register-validator", *common, "--pool", pool, "--validator", validator.address)
     ok(capsys, "set-orchestrator-url", *common, "--pool", pool, "--orchestrator-url", "http://o2")
+    ok(capsys, "set-trainer", *common, "--pool", pool, "--trainer", trainer.address.lower())
     assert ok(capsys, "fund-pool", *common, "--pool", pool, "--amount", "3ether") == str(3 * 10**18)
 
     assert json.loads(ok(capsys, "pool-info", *common, "--pool", pool)) == {
         "pool_id": 1,
         "owner": owner.address,
         "orchestrator_url": "http://o2",
+        "trainer": trainer.address,
         "min_stake": 5 * 10**17,
         "reward_per_unit": 2 * 10**9,
         "funds": 3 * 10**18,
         "total_attested_units": 0,
     }
 
-    LedgerClient.from_deployment(record, worker).join(1, 10**18)
+    worker_client = LedgerClient.from_deployment(record, worker)
+    worker_client.join(1, 10**18)
     balances = json.loads(
         ok(capsys, "balances", *common, "--pool", pool, "--worker", worker.address.lower())
     )
     assert balances["worker"] == worker.address
     assert (balances["is_member"], balances["stake"], balances["reward_balance"]) == (
         True, 10**18, 0,
+    )  # fmt: skip
+    assert balances["unbonding_until"] == 0
+    left = worker_client.leave(1)
+    balances = json.loads(
+        ok(capsys, "balances", *common, "--pool", pool, "--worker", worker.address)
+    )
+    assert (balances["is_member"], balances["stake"], balances["unbonding_until"]) == (
+        False, 10**18, left.tx.block_number + 5,
     )  # fmt: skip
     assert LedgerClient.from_deployment(record).is_validator(1, validator.address)
     ok(capsys, "remove-validator", *common, "--pool", pool, "--validator", validator.address)
@@ -165,7 +185,13 @@ def test_key_file_is_created_and_reused(
     ("args", "code", "message"),
     [
         (["create-pool", "--deployment", "d.json", "--orchestrator-url", "u", "--min-stake",
-          "lots", "--reward-per-unit", "1"], 2, "invalid amount 'lots'"),
+          "lots", "--reward-per-unit", "1", "--trainer", TRAINER], 2, "invalid amount 'lots'"),
+        (["create-pool", "--deployment", "d.json", "--orchestrator-url", "u", "--min-stake",
+          "1", "--reward-per-unit", "1"], 2, "the following arguments are required: --trainer"),
+        (["set-trainer", "--deployment", "d.json", "--pool", "1", "--trainer", "0xnope"], 2,
+         "invalid address '0xnope'"),
+        (["deploy", "--rpc-url", "RPC", "--unbonding-blocks", "-1"], 2,
+         "invalid block count '-1'"),
         (["fund-pool", "--deployment", "d.json", "--pool", "1", "--amount", "1.5wei"], 2,
          "not a whole number of wei"),
         (["balances", "--deployment", "d.json", "--pool", "1", "--worker", "0xnope"], 2,
@@ -216,7 +242,7 @@ def test_chain_refusals_name_the_problem(
 
     ok(
         capsys, "create-pool", *common, "--orchestrator-url", "http://o.test",
-        "--min-stake", "1", "--reward-per-unit", "1", "--dev-account", "0",
+        "--min-stake", "1", "--reward-per-unit", "1", "--trainer", TRAINER, "--dev-account", "0",
     )  # fmt: skip
     code, _, err = run_cli(
         capsys, "register-validator", *common, "--pool", "1",
@@ -224,6 +250,12 @@ def test_chain_refusals_name_the_problem(
     )  # fmt: skip
     assert code == 1
     assert "register_validator reverted: not the pool owner" in err
+    code, _, err = run_cli(
+        capsys, "set-trainer", *common, "--pool", "1", "--trainer", TRAINER, "--dev-account", "1",
+    )  # fmt: skip
+    assert (code, err.strip()) == (
+        1, "prime-chain set-trainer: error: set_trainer reverted: not the pool owner",
+    )  # fmt: skip
 
     down = f"http://127.0.0.1:{free_port()}"
     code, _, err = run_cli(capsys, "pool-info", *common, "--rpc-url", down, "--pool", "1")

@@ -6,6 +6,8 @@ import threading
 
 import pytest
 from eth_account.signers.local import LocalAccount
+from web3 import Web3
+from web3.types import TxReceipt
 
 from prime_swarm.libs.chain.anvil import Anvil
 from prime_swarm.libs.chain.client import MAX_BATCH, LedgerClient
@@ -17,6 +19,10 @@ from prime_swarm.libs.chain.models import SkipReason, Work, WorkStatus, work_key
 ETH = 10**18
 MIN_STAKE = ETH
 RATE = 10**12  # wei per unit
+# Short, so that tests reach the end of unbonding with a cheap `anvil_mine`.
+UNBONDING = 20
+TRAINER = Web3.to_checksum_address("0x" + "7e" * 20)
+ZERO = "0x" + "00" * 20
 
 
 class Actors:
@@ -43,13 +49,13 @@ class Actors:
 @pytest.fixture(scope="module")
 def actors(anvil: Anvil) -> Actors:
     accounts = anvil.dev_accounts(20)
-    return Actors(deploy_ledger(anvil.rpc_url, accounts[0]), accounts)
+    return Actors(deploy_ledger(anvil.rpc_url, accounts[0], unbonding_blocks=UNBONDING), accounts)
 
 
 @pytest.fixture
 def pool(actors: Actors) -> int:
     """A fresh pool per test, with a registered validator and one staked worker."""
-    pid = actors.owner.create_pool("http://orchestrator.test", MIN_STAKE, RATE)
+    pid = actors.owner.create_pool("http://orchestrator.test", MIN_STAKE, RATE, TRAINER)
     actors.owner.register_validator(pid, Actors.addr(actors.validator))
     actors.workers[0].join(pid, MIN_STAKE)
     return pid
@@ -59,16 +65,25 @@ def keys(prefix: str, n: int) -> list[bytes]:
     return [work_key_for(f"{prefix}-{i}") for i in range(n)]
 
 
-def gas_cost(client: LedgerClient, tx_hash: bytes) -> int:
+def gas_cost(client: LedgerClient, tx_hash: bytes | str) -> int:
     receipt = client.w3.eth.get_transaction_receipt(tx_hash)
     return receipt["gasUsed"] * receipt["effectiveGasPrice"]
 
 
+def mine_until(client: LedgerClient, block: int) -> None:
+    """Mine empty blocks until `block` is the latest (anvil mines only per transaction)."""
+    missing = block - client.block_number()
+    if missing > 0:
+        reply = client.w3.provider.make_request("anvil_mine", [hex(missing)])
+        assert "error" not in reply, reply
+    assert client.block_number() >= block
+
+
 def event_names(client: LedgerClient, pool_id: int, from_block: int) -> list[str]:
     names = [
-        "PoolCreated", "OrchestratorUrlChanged", "PoolFunded", "WorkerJoined", "StakeAdded",
-        "WorkerLeft", "ValidatorRegistered", "ValidatorRemoved", "WorkAttested", "WorkSkipped",
-        "WorkerSlashed", "RewardsClaimed",
+        "PoolCreated", "OrchestratorUrlChanged", "TrainerChanged", "PoolFunded", "WorkerJoined",
+        "StakeAdded", "WorkerLeft", "StakeWithdrawn", "ValidatorRegistered", "ValidatorRemoved",
+        "WorkAttested", "WorkSkipped", "WorkerSlashed", "RewardsClaimed",
     ]  # fmt: skip
     found = [
         (ev["blockNumber"], ev["logIndex"], name)
@@ -86,6 +101,9 @@ def test_deployment_record_and_checks(anvil: Anvil, actors: Actors) -> None:
     assert d.chain_id == anvil.chain_id == 31337
     assert d.deployer == actors.accounts[0].address
     assert d.slash_bps == actors.reader.slash_bps() == 1000
+    assert d.unbonding_blocks == actors.reader.unbonding_blocks() == UNBONDING
+    with pytest.raises(ChainError, match="unbonding_blocks must be >= 0"):
+        deploy_ledger(anvil.rpc_url, actors.accounts[0], unbonding_blocks=-1)
     with pytest.raises(ChainError, match="deployment is on 1"):
         LedgerClient.from_deployment(Deployment(**{**d.__dict__, "chain_id": 1}))
     with pytest.raises(ChainError, match="no contract at"):
@@ -94,13 +112,13 @@ def test_deployment_record_and_checks(anvil: Anvil, actors: Actors) -> None:
 
 def test_create_pool_ids_views_and_events(actors: Actors) -> None:
     start = actors.reader.block_number() + 1
-    first = actors.owner.create_pool("http://a.test", 5, 7)
-    second = actors.workers[1].create_pool("http://b.test", 0, 0)
+    first = actors.owner.create_pool("http://a.test", 5, 7, TRAINER)
+    second = actors.workers[1].create_pool("http://b.test", 0, 0, TRAINER.lower())
     assert second == first + 1 == actors.reader.pool_count()
 
     p = actors.reader.get_pool(first)
-    assert (p.owner, p.orchestrator_url, p.min_stake, p.reward_per_unit) == (
-        Actors.addr(actors.owner), "http://a.test", 5, 7,
+    assert (p.owner, p.orchestrator_url, p.trainer, p.min_stake, p.reward_per_unit) == (
+        Actors.addr(actors.owner), "http://a.test", TRAINER, 5, 7,
     )  # fmt: skip
     assert (p.funds, p.total_attested_units) == (0, 0)
     assert actors.reader.get_pool(second).owner == Actors.addr(actors.workers[1])
@@ -108,12 +126,18 @@ def test_create_pool_ids_views_and_events(actors: Actors) -> None:
     [ev] = actors.reader.events("PoolCreated", from_block=start, pool_id=first)
     assert ev["args"]["owner"] == Actors.addr(actors.owner)
     assert ev["args"]["orchestrator_url"] == "http://a.test"
+    assert ev["args"]["trainer"] == TRAINER
 
     with pytest.raises(ChainRevert) as err:
         actors.reader.get_pool(10_000)
     assert err.value.reason == "unknown pool"
     with pytest.raises(ChainRevert, match="empty orchestrator url"):
-        actors.owner.create_pool("", 1, 1)
+        actors.owner.create_pool("", 1, 1, TRAINER)
+    # A pool nobody can sign policies for would be a pool workers cannot verify.
+    with pytest.raises(ChainRevert, match="zero trainer"):
+        actors.owner.create_pool("http://c.test", 1, 1, ZERO)
+    with pytest.raises(ChainError, match="invalid address"):
+        actors.owner.create_pool("http://c.test", 1, 1, "0x1234")
 
 
 def test_orchestrator_url_owner_only(actors: Actors, pool: int) -> None:
@@ -123,6 +147,24 @@ def test_orchestrator_url_owner_only(actors: Actors, pool: int) -> None:
     actors.owner.set_orchestrator_url(pool, "http://new.test:8000")
     assert actors.reader.get_pool(pool).orchestrator_url == "http://new.test:8000"
     assert event_names(actors.reader, pool, start) == ["OrchestratorUrlChanged"]
+
+
+def test_trainer_owner_only(actors: Actors, pool: int) -> None:
+    rotated = Actors.addr(actors.stranger)
+    with pytest.raises(ChainRevert, match="not the pool owner"):
+        actors.stranger.set_trainer(pool, rotated)
+    with pytest.raises(ChainRevert, match="zero trainer"):
+        actors.owner.set_trainer(pool, ZERO)
+    with pytest.raises(ChainRevert, match="unknown pool"):
+        actors.owner.set_trainer(10_000, rotated)
+    assert actors.reader.get_pool(pool).trainer == TRAINER
+
+    start = actors.reader.block_number() + 1
+    actors.owner.set_trainer(pool, rotated)
+    assert actors.reader.get_pool(pool).trainer == rotated
+    [ev] = actors.reader.events("TrainerChanged", from_block=start, pool_id=pool)
+    assert (ev["args"]["previous"], ev["args"]["trainer"]) == (TRAINER, rotated)
+    assert event_names(actors.reader, pool, start) == ["TrainerChanged"]
 
 
 def test_fund_pool(actors: Actors, pool: int) -> None:
@@ -149,27 +191,122 @@ def test_join_below_min_stake_refused(actors: Actors, pool: int) -> None:
     assert not actors.reader.is_member(pool, Actors.addr(worker))
 
 
-def test_join_top_up_and_leave_returns_stake(actors: Actors, pool: int) -> None:
+def test_join_top_up_and_leave_starts_unbonding(actors: Actors, pool: int) -> None:
     worker, me = actors.workers[1], Actors.addr(actors.workers[1])
     start = actors.reader.block_number() + 1
     worker.join(pool, MIN_STAKE)
     assert actors.reader.is_member(pool, me)
+    assert actors.reader.unbonding_until(pool, me) == 0
     worker.join(pool, ETH // 2)  # a top-up
     assert actors.reader.stake_of(pool, me) == MIN_STAKE + ETH // 2
 
     before = actors.reader.balance_of(me)
-    returned = worker.leave(pool)
-    [ev] = actors.reader.events("WorkerLeft", from_block=start, pool_id=pool)
-    assert returned == MIN_STAKE + ETH // 2
-    assert actors.reader.balance_of(me) == before + returned - gas_cost(
-        worker, ev["transactionHash"]
-    )
+    left = worker.leave(pool)
+    # Nothing is paid on leaving: the stake stays in the pool, slashable, until unbonding ends.
+    assert left.stake == MIN_STAKE + ETH // 2
+    assert left.unbonding_until == left.tx.block_number + UNBONDING
+    assert actors.reader.balance_of(me) == before - gas_cost(worker, left.tx.tx_hash)
     assert not actors.reader.is_member(pool, me)
-    assert actors.reader.stake_of(pool, me) == 0
+    assert actors.reader.stake_of(pool, me) == left.stake
+    assert actors.reader.unbonding_until(pool, me) == left.unbonding_until
+    [ev] = actors.reader.events("WorkerLeft", from_block=start, pool_id=pool)
+    assert (ev["args"]["worker"], ev["args"]["stake"], ev["args"]["unbonding_until"]) == (
+        me, left.stake, left.unbonding_until,
+    )  # fmt: skip
     assert event_names(actors.reader, pool, start) == ["WorkerJoined", "StakeAdded", "WorkerLeft"]
 
     with pytest.raises(ChainRevert, match="not a member"):
         worker.leave(pool)
+
+
+def test_withdraw_pays_the_stake_once_unbonding_ends(actors: Actors, pool: int) -> None:
+    worker, me = actors.workers[0], Actors.addr(actors.workers[0])
+    left = worker.leave(pool)
+    start = actors.reader.block_number() + 1
+    with pytest.raises(ChainRevert) as err:
+        worker.withdraw(pool)
+    assert err.value.reason == "still unbonding"
+
+    # The client checks against the latest block (gas estimation runs the call there), so it
+    # withdraws once `block_number() >= unbonding_until`; one block short is refused...
+    mine_until(actors.reader, left.unbonding_until - 1)
+    with pytest.raises(ChainRevert, match="still unbonding"):
+        worker.withdraw(pool)
+    assert actors.reader.stake_of(pool, me) == MIN_STAKE
+
+    # ...and from `unbonding_until` on it pays exactly the stake.
+    mine_until(actors.reader, left.unbonding_until)
+    before = actors.reader.balance_of(me)
+    paid = worker.withdraw(pool)
+    [ev] = actors.reader.events("StakeWithdrawn", from_block=start, pool_id=pool)
+    assert paid == ev["args"]["amount"] == MIN_STAKE
+    assert actors.reader.balance_of(me) == before + paid - gas_cost(worker, ev["transactionHash"])
+    assert actors.reader.stake_of(pool, me) == 0
+    assert actors.reader.unbonding_until(pool, me) == 0
+    assert event_names(actors.reader, pool, start) == ["StakeWithdrawn"]
+
+    with pytest.raises(ChainRevert, match="nothing to withdraw"):
+        worker.withdraw(pool)
+
+
+def test_unbonding_ends_exactly_at_unbonding_until(actors: Actors, pool: int) -> None:
+    """On chain, a withdrawal mined in block `unbonding_until - 1` fails and one mined in block
+    `unbonding_until` pays (sent raw, with a fixed gas limit, to get past the estimate)."""
+    worker, me = actors.workers[0], Actors.addr(actors.workers[0])
+    account, w3 = worker.account, worker.w3
+    assert account is not None
+    left = worker.leave(pool)
+
+    def send_withdraw() -> TxReceipt:
+        tx = worker.contract.functions.withdraw(pool).build_transaction(
+            {"from": me, "nonce": w3.eth.get_transaction_count(me), "gas": 200_000}
+        )
+        signed = account.sign_transaction(tx)
+        return w3.eth.wait_for_transaction_receipt(
+            w3.eth.send_raw_transaction(signed.raw_transaction)
+        )
+
+    mine_until(actors.reader, left.unbonding_until - 2)
+    early = send_withdraw()
+    assert (early["blockNumber"], early["status"]) == (left.unbonding_until - 1, 0)
+    on_time = send_withdraw()
+    assert (on_time["blockNumber"], on_time["status"]) == (left.unbonding_until, 1)
+    assert actors.reader.stake_of(pool, me) == 0
+
+
+def test_withdraw_refusals(actors: Actors, pool: int) -> None:
+    with pytest.raises(ChainRevert, match="still a member"):
+        actors.workers[0].withdraw(pool)
+    with pytest.raises(ChainRevert, match="nothing to withdraw"):
+        actors.stranger.withdraw(pool)
+    assert actors.reader.stake_of(pool, Actors.addr(actors.workers[0])) == MIN_STAKE
+
+
+def test_rejoin_during_unbonding(actors: Actors, pool: int) -> None:
+    worker, me = actors.workers[0], Actors.addr(actors.workers[0])
+    worker.leave(pool)
+    start = actors.reader.block_number() + 1
+    # The stake still held counts toward the minimum: rejoining needs no new ether...
+    worker.join(pool, 0)
+    assert actors.reader.is_member(pool, me)
+    assert actors.reader.stake_of(pool, me) == MIN_STAKE
+    assert actors.reader.unbonding_until(pool, me) == 0
+    [ev] = actors.reader.events("WorkerJoined", from_block=start, pool_id=pool)
+    assert ev["args"]["stake"] == MIN_STAKE
+    with pytest.raises(ChainRevert, match="still a member"):
+        worker.withdraw(pool)
+
+    # ...unless a slash during unbonding took it below; then the gap must be paid.
+    worker.leave(pool)
+    taken = actors.validator.slash(pool, me, work_key_for("rejoin"), "bad proof").amount
+    with pytest.raises(ChainRevert, match="stake below pool minimum"):
+        worker.join(pool, taken - 1)
+    worker.join(pool, taken)
+    assert actors.reader.is_member(pool, me)
+    assert actors.reader.stake_of(pool, me) == MIN_STAKE
+    assert event_names(actors.reader, pool, start) == [
+        "WorkerJoined", "WorkerLeft", "WorkerSlashed", "WorkerJoined",
+    ]  # fmt: skip
 
 
 # --- validators ---------------------------------------------------------------------------------
@@ -200,7 +337,7 @@ def test_only_validators_attest(actors: Actors, pool: int) -> None:
             outsider.attest_work(pool, work)
         assert err.value.reason == "not a validator"
     # A validator of another pool is an outsider here too.
-    other = actors.owner.create_pool("http://other.test", 0, 0)
+    other = actors.owner.create_pool("http://other.test", 0, 0, TRAINER)
     with pytest.raises(ChainRevert, match="not a validator"):
         actors.validator.attest_work(other, work)
     assert actors.reader.work_status(pool, work[0].work_key) == WorkStatus.NONE
@@ -340,19 +477,33 @@ def test_slash_takes_stake_into_funds_and_blocks_the_key(actors: Actors, pool: i
     ]
 
 
-def test_slashing_a_departed_worker_takes_nothing_but_blocks_the_key(
-    actors: Actors, pool: int
-) -> None:
-    """No unbonding delay yet: leaving first dodges the stake loss, not the record."""
-    a = Actors.addr(actors.workers[0])
+def test_leaving_does_not_dodge_a_pending_slash(actors: Actors, pool: int) -> None:
+    """The stake stays slashable while it unbonds; withdraw pays only what the slash left."""
+    worker, a = actors.workers[0], Actors.addr(actors.workers[0])
     [k] = keys("departed", 1)
-    actors.workers[0].leave(pool)
+    left = worker.leave(pool)
     long_reason = "é" * 40  # 80 bytes: cut to the contract's 64, never refused
-    assert actors.validator.slash(pool, a, k, long_reason).amount == 0
+    taken = actors.validator.slash(pool, a, k, long_reason).amount
+    assert taken == MIN_STAKE * 1000 // 10_000
     [ev] = actors.reader.worker_slashed_events(pool, worker=a)
     assert ev.reason == "é" * 32
     assert actors.reader.work_status(pool, k) == WorkStatus.SLASHED
-    assert actors.reader.pool_funds(pool) == 0
+    assert actors.reader.pool_funds(pool) == taken
+    assert actors.reader.stake_of(pool, a) == MIN_STAKE - taken
+
+    mine_until(actors.reader, left.unbonding_until)
+    assert worker.withdraw(pool) == MIN_STAKE - taken
+
+
+def test_attest_skips_a_worker_who_left(actors: Actors, pool: int) -> None:
+    a = Actors.addr(actors.workers[0])
+    [k] = keys("after-leave", 1)
+    actors.workers[0].leave(pool)
+    result = actors.validator.attest_work(pool, [Work(a, k, 3)])
+    assert result.attested == []
+    assert [(s.worker, s.reason) for s in result.skipped] == [(a, SkipReason.NOT_MEMBER)]
+    assert actors.reader.reward_balance(pool, a) == 0
+    assert actors.reader.work_units(pool, a) == 0
 
 
 # --- rewards ------------------------------------------------------------------------------------
@@ -415,7 +566,7 @@ def test_unreachable_node_is_a_chain_error(actors: Actors) -> None:
 
 def test_concurrent_accounts_and_a_shared_client(actors: Actors, anvil: Anvil) -> None:
     """Accounts sending at once never collide on nonces; one client shared by threads neither."""
-    pid = actors.owner.create_pool("http://concurrent.test", 1, 1)
+    pid = actors.owner.create_pool("http://concurrent.test", 1, 1, TRAINER)
     clients = [actors.client(i) for i in range(6, 12)]
     errors: list[BaseException] = []
 

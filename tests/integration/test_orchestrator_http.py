@@ -3,82 +3,41 @@ signed requests, identity, on-chain membership, leases and admission."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
 
 import httpx
 import pytest
 import redis
-from eth_account import Account
 
 from prime_swarm.libs.chain.anvil import Anvil
-from prime_swarm.libs.chain.client import LedgerClient
-from prime_swarm.libs.chain.deploy import deploy_ledger
-from prime_swarm.libs.localnet.ports import free_port
-from prime_swarm.libs.localnet.process import ManagedProcess
 from prime_swarm.libs.localnet.redis_server import RedisServer
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
     CompletionSample,
-    PolicyAnnouncement,
     RolloutSubmission,
     SubmittedRollout,
 )
 from prime_swarm.protocol.signing import WorkerAuth, sign_request
 from prime_swarm.services.worker.client import OrchestratorClient, OrchestratorError
 
-TRAINER = "0x" + "11" * 20
-
 
 @pytest.fixture(scope="module")
 def pool(
-    anvil: Anvil, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+    anvil: Anvil,
+    redis_server: RedisServer,
+    tmp_path_factory: pytest.TempPathFactory,
+    start_live_pool: Callable[..., AbstractContextManager[Any]],
 ) -> Iterator[dict]:
-    owner, member, outsider = anvil.dev_accounts(3)[0], Account.create(), Account.create()
-    ledger_addr = deploy_ledger(anvil.rpc_url, owner).address
-    owner_client = LedgerClient(anvil.rpc_url, ledger_addr, account=owner, timeout=30)
-    port = free_port()
-    pool_id = owner_client.create_pool(f"http://127.0.0.1:{port}", 10**18, 1)
-    # Fund the member from the owner and stake it into the pool.
-    owner_client.w3.provider.make_request("anvil_setBalance", [member.address, hex(5 * 10**18)])
-    LedgerClient(anvil.rpc_url, ledger_addr, account=member, timeout=30).join(pool_id, 10**18)
-    r = redis_server.client()
-    r.flushall()
-    r.xadd(
-        streams.POLICY_ANNOUNCEMENTS,
-        streams.encode(
-            PolicyAnnouncement(
-                version=5, step=5, model_hash="ab" * 32, manifest_path="/v1/versions/5/manifest"
-            )
-        ),
-    )
-    logs = tmp_path_factory.mktemp("orch-logs")
-    proc = ManagedProcess(
-        "orchestrator",
-        [sys.executable, "-m", "prime_swarm.services.orchestrator.cli"],
-        logs,
-        env={
-            "PRIME_ORCH_PORT": str(port),
-            "PRIME_ORCH_REDIS_URL": redis_server.url,
-            "PRIME_ORCH_RPC_URL": anvil.rpc_url,
-            "PRIME_ORCH_LEDGER_ADDRESS": ledger_addr,
-            "PRIME_ORCH_POOL_ID": str(pool_id),
-            "PRIME_ORCH_TRAINER_ADDRESS": TRAINER,
-            "PRIME_ORCH_RELAYS": '["http://127.0.0.1:1"]',
-            # The group size is the pool's recipe, shared by every service.
-            "PRIME_RECIPE_GROUP_SIZE": "2",
-            "PRIME_ORCH_MAX_OPEN_LEASES_PER_WORKER": "3",
-        },
-        cwd=Path.cwd(),
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        proc.wait_http(f"{url}/healthz", timeout_s=30)
-        yield {"url": url, "pool_id": pool_id, "member": member, "outsider": outsider, "redis": r}
-    finally:
-        proc.stop()
-        r.close()
+    with start_live_pool(anvil, redis_server.url, tmp_path_factory.mktemp("orch-logs")) as live:
+        yield {
+            "url": live.url,
+            "pool_id": live.pool_id,
+            "member": live.member,
+            "outsider": live.outsider,
+            "redis": live.redis,
+        }
 
 
 def client(pool: dict, account: object) -> OrchestratorClient:
@@ -144,7 +103,7 @@ def test_registered_member_gets_policy_and_leases(pool: dict) -> None:
     c = client(pool, m)
     reply = c.register(_register(pool, m.address))
     assert reply.policy is not None and reply.policy.version == 5
-    assert reply.policy.min_version == 3 and reply.policy.trainer == TRAINER
+    assert reply.policy.min_version == 3
     lease = c.lease(_lease_req(pool, m.address, 5)).lease
     assert lease is not None and lease.group_size == 2 and lease.min_policy_version == 3
     with pytest.raises(OrchestratorError) as err:

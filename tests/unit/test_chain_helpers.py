@@ -35,8 +35,8 @@ def test_every_command_has_help() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert set(sub.choices) == {
-        "compile", "deploy", "create-pool", "set-orchestrator-url", "register-validator",
-        "remove-validator", "fund-pool", "pool-info", "balances",
+        "compile", "deploy", "create-pool", "set-orchestrator-url", "set-trainer",
+        "register-validator", "remove-validator", "fund-pool", "pool-info", "balances",
     }  # fmt: skip
 
 
@@ -61,7 +61,9 @@ def test_revert_reason(message: str, reason: str) -> None:
 
 
 def test_deployment_round_trip_and_errors(tmp_path: Path) -> None:
-    d = Deployment("http://x", 1, "0x" + "11" * 20, "0x" + "22" * 20, 3, "0xab", "SwarmLedger", 10)
+    d = Deployment(
+        "http://x", 1, "0x" + "11" * 20, "0x" + "22" * 20, 3, "0xab", "SwarmLedger", 10, 7200
+    )
     write_deployment(tmp_path / "d.json", d)
     assert load_deployment(tmp_path / "d.json") == d
     (tmp_path / "partial.json").write_text('{"rpc_url": "http://x"}')
