@@ -2,14 +2,16 @@
 """One-shot deployer of the compose network (the `deployer` service, chain image).
 
 Against the `anvil` service it:
-  1. creates the key files of the trainer, the validator and each worker (kept across runs),
+  1. reads the addresses of the trainer, the validator and each worker (SWARM_ADDRESSES_FILE,
+     written by `prime-swarm compose-secrets`: their keys are compose secrets of their own
+     services, and this one-shot never holds one),
   2. deploys the ledger   (`prime-chain deploy`),
   3. opens the pool       (`prime-chain create-pool`),
   4. registers the validator (`prime-chain register-validator`),
   5. funds the pool       (`prime-chain fund-pool`),
   6. gives the validator and the workers gas and stake money (anvil_setBalance: dev chain only),
 and writes into SWARM_CHAIN_DIR (a volume the services mount read-only):
-  deployment.json, network.json, keys/*.json and env/<service>.env.
+  deployment.json, network.json and env/<service>.env.
 
 The env files hold the values known only after deployment (ledger address, pool id, trainer
 address) under the services' own PRIME_* settings names; the image entrypoint exports them.
@@ -21,22 +23,23 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-# The deployment values each service reads, by env file and settings variable.
+# The deployment values each service reads, by env file and settings variable. Workers and
+# validators read the trainer's address from the pool record on chain; relays, which have no
+# chain access, are given it.
 ENV_FILES: dict[str, dict[str, str]] = {
     "orchestrator.env": {
         "PRIME_ORCH_LEDGER_ADDRESS": "ledger",
         "PRIME_ORCH_POOL_ID": "pool_id",
-        "PRIME_ORCH_TRAINER_ADDRESS": "trainer",
     },
     "validator.env": {
         "PRIME_VALIDATOR_LEDGER_ADDRESS": "ledger",
         "PRIME_VALIDATOR_POOL_ID": "pool_id",
-        "PRIME_VALIDATOR_TRUSTED_TRAINER": "trainer",
     },
     "relay.env": {"PRIME_RELAY_TRUSTED_TRAINER": "trainer"},
     "worker.env": {
@@ -72,15 +75,21 @@ def wait_rpc(rpc_url: str, timeout_s: float) -> None:
         time.sleep(1)
 
 
-def key(path: Path) -> str:
-    """The address in key file `path`, creating a fresh key there first if there is none."""
-    from eth_account import Account
+def read_addresses(path: Path) -> tuple[str, str, list[str]]:
+    """Trainer, validator and worker addresses from compose-secrets' addresses.json."""
+    from eth_utils import to_checksum_address
 
-    from prime_swarm.protocol.keys import load_key, write_key
-
-    if not path.exists():
-        write_key(path, Account.create())
-    return load_key(path).address
+    try:
+        roster = json.loads(path.read_text())
+        return (
+            to_checksum_address(roster["trainer"]),
+            to_checksum_address(roster["validator"]),
+            [to_checksum_address(a) for a in roster["workers"]],
+        )
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(
+            f"deployer: {path}: {exc}; run `prime-swarm compose-secrets` before compose up"
+        ) from exc
 
 
 def set_balance(rpc_url: str, address: str, wei: int) -> None:
@@ -106,22 +115,23 @@ def main() -> int:
     rpc_url = env("SWARM_RPC_URL", "http://anvil:8545")
     orchestrator_url = env("SWARM_ORCHESTRATOR_URL", "http://orchestrator:8000")
     owner = env("SWARM_OWNER_DEV_ACCOUNT", "0")
-    workers = int(env("SWARM_WORKERS", "3"))
+    addresses = Path(env("SWARM_ADDRESSES_FILE", "/run/secrets/addresses.json"))
     min_stake = env("SWARM_MIN_STAKE", "1ether")
     reward_per_unit = env("SWARM_REWARD_PER_UNIT", "1000000000000")
     pool_funds = env("SWARM_POOL_FUNDS", "10ether")
     worker_balance = amount(env("SWARM_WORKER_BALANCE", "5ether"))
     validator_balance = amount(env("SWARM_VALIDATOR_BALANCE", "100ether"))
 
-    keys, env_dir = out / "keys", out / "env"
-    keys.mkdir(parents=True, exist_ok=True)
+    env_dir = out / "env"
     env_dir.mkdir(parents=True, exist_ok=True)
+    # Earlier versions kept every key here, where every worker could read the trainer's.
+    if (out / "keys").exists():
+        shutil.rmtree(out / "keys")
+        log(f"removed {out / 'keys'} (keys are compose secrets now)")
     deployment, network_file = out / "deployment.json", out / "network.json"
 
     wait_rpc(rpc_url, float(env("SWARM_RPC_WAIT_S", "120")))
-    trainer = key(keys / "trainer.json")
-    validator = key(keys / "validator.json")
-    worker_addresses = [key(keys / f"worker-{i}.json") for i in range(workers)]
+    trainer, validator, worker_addresses = read_addresses(addresses)
 
     network: dict[str, object] | None = None
     if network_file.exists() and deployment.exists():
@@ -131,7 +141,9 @@ def main() -> int:
              "--rpc-url", rpc_url, "--pool", str(old.get("pool_id", 0))],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        if check.returncode == 0 and old.get("trainer") == trainer:
+        # Keys come from secrets an operator may regenerate: a new key means a new pool.
+        same_keys = (old.get("trainer"), old.get("validator")) == (trainer, validator)
+        if check.returncode == 0 and same_keys:
             network = old
             log(f"reusing ledger {old['ledger']} pool {old['pool_id']}")
     if network is None:
@@ -142,7 +154,8 @@ def main() -> int:
         common = ["--deployment", str(deployment), "--rpc-url", rpc_url]
         pool_id = int(chain(
             "create-pool", *common, "--orchestrator-url", orchestrator_url,
-            "--min-stake", min_stake, "--reward-per-unit", reward_per_unit, *signer,
+            "--min-stake", min_stake, "--reward-per-unit", reward_per_unit,
+            "--trainer", trainer, *signer,
         ))  # fmt: skip
         chain("register-validator", *common, "--pool", str(pool_id),
               "--validator", validator, *signer)  # fmt: skip

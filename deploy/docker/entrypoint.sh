@@ -5,7 +5,10 @@
 #    shared chain volume) and export its KEY=VALUE lines: the ledger address, pool id and trainer
 #    address exist only once the deployer has run. Variables already set in the container's
 #    environment win over the file.
-# 2. Run the given command, or this image's service when none is given.
+# 2. If SWARM_REDIS_PASSWORD_FILE is set (a compose secret), put that password into every
+#    PRIME_*_REDIS_URL naming a user, redis://USER@HOST:PORT/DB -> redis://USER:PASSWORD@...:
+#    compose's `environment:` shows in `docker inspect`, so it holds the user, never the password.
+# 3. Run the given command, or this image's service when none is given.
 set -eu
 
 if [ -n "${SWARM_ENV_FILE:-}" ]; then
@@ -32,6 +35,34 @@ if [ -n "${SWARM_ENV_FILE:-}" ]; then
             export "$line"
         fi
     done < "$SWARM_ENV_FILE"
+fi
+
+if [ -n "${SWARM_REDIS_PASSWORD_FILE:-}" ]; then
+    password=$(cat "$SWARM_REDIS_PASSWORD_FILE")
+    case "$password" in
+        # compose-secrets writes URL-safe tokens; anything else would need escaping in a URL.
+        '' | *[!A-Za-z0-9_-]*)
+            echo "prime-entrypoint: $SWARM_REDIS_PASSWORD_FILE must hold one URL-safe token" >&2
+            exit 1 ;;
+    esac
+    urls=$(env | sed -n 's/^\(PRIME_[A-Z0-9_]*_REDIS_URL\)=.*/\1/p')
+    if [ -z "$urls" ]; then
+        echo "prime-entrypoint: SWARM_REDIS_PASSWORD_FILE is set but no PRIME_*_REDIS_URL is" >&2
+        exit 1
+    fi
+    for var in $urls; do
+        eval "url=\${$var}"
+        rest=${url#redis://}
+        user=${rest%%@*}
+        case "$url" in
+            redis://?*@?*) ;;
+            *) echo "prime-entrypoint: $var must look like redis://USER@HOST:PORT/DB" >&2; exit 1 ;;
+        esac
+        case "$user" in
+            *:* | */*) echo "prime-entrypoint: $var must name a user and no password" >&2; exit 1 ;;
+        esac
+        export "$var=redis://$user:$password@${rest#*@}"
+    done
 fi
 
 if [ "$#" -eq 0 ]; then

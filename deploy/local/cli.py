@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from prime_swarm.deploy import compose_secrets
 from prime_swarm.libs.localnet.process import ProcessFailed
 from prime_swarm.protocol.messages import StepProgress
 
@@ -128,7 +129,13 @@ def main(argv: list[str] | None = None) -> None:
         help="worker generation backends, cycled over the workers: hf, vllm or e.g. hf,vllm",
     )
     up.add_argument("--runs-dir", type=Path)
+    secrets_cmd = sub.add_parser(
+        "compose-secrets", help="create the Redis ACL, passwords and keys docker-compose.yml mounts"
+    )
+    compose_secrets.add_arguments(secrets_cmd)
     args = parser.parse_args(argv)
+    if args.command == "compose-secrets":
+        sys.exit(compose_secrets.run(args))
     overrides = {k: v for k, v in vars(args).items() if v is not None and k != "command"}
     try:
         settings = LocalNetworkSettings(**overrides)

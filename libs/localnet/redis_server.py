@@ -12,7 +12,15 @@ from .process import ManagedProcess
 
 
 class RedisServer:
-    def __init__(self, data_dir: Path, log_dir: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        log_dir: Path,
+        port: int | None = None,
+        acl_file: Path | None = None,
+    ) -> None:
+        """`acl_file`: users as in deployments (deploy/redis_acl.py); `url` then authenticates
+        as nobody, so connect with `url_for(user, password)`."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server not found; run `make setup` (installs it)")
@@ -35,13 +43,20 @@ class RedisServer:
                 "",
                 "--protected-mode",
                 "yes",
+                *(["--aclfile", str(Path(acl_file).resolve())] if acl_file else []),
             ],
             log_dir,
         )
         self.process.wait_until(self._ping, 15.0, "answering PING")
 
     def _ping(self) -> bool:
-        return bool(redis.Redis.from_url(self.url, socket_timeout=1).ping())
+        try:
+            return bool(redis.Redis.from_url(self.url, socket_timeout=1).ping())
+        except redis.AuthenticationError:
+            return True  # up, and refusing the default user as its ACL file says
+
+    def url_for(self, user: str, password: str) -> str:
+        return f"redis://{user}:{password}@127.0.0.1:{self.port}/0"
 
     def client(self) -> redis.Redis:
         return redis.Redis.from_url(self.url, socket_timeout=10)

@@ -64,8 +64,19 @@ ROLE_PREFIX = {
     "trainer": "PRIME_TRAINER_",
 }
 TORCH_EXTRAS = {"trainer", "validator", "worker"}
-PUBLISHED = {"orchestrator", "relay", "prometheus", "grafana"}
+PUBLISHED = {"orchestrator", "relay"}
 WORKERS = 3
+MONITORING_FILE = ROOT / "docker-compose.monitoring.yml"
+ENTRYPOINT = ROOT / "deploy" / "docker" / "entrypoint.sh"
+# Compose service -> the Redis ACL role it connects as (deploy/redis_acl.py); no other service
+# may reach Redis.
+REDIS_ROLE = {"orchestrator": "orchestrator", "validator": "validator", "trainer": "trainer"}
+# Compose service -> the secret holding its Ethereum key; no other service mounts any key.
+KEY_SECRET = {"trainer": "trainer_key", "validator": "validator_key"} | {
+    f"worker-{i}": f"worker_{i}_key" for i in range(WORKERS)
+}
+BACKEND_ONLY = {"redis", "prometheus", "grafana", "validator", "trainer", "origin", "deployer"}
+PUBLIC = {"orchestrator", "relay"}
 
 
 @pytest.fixture(scope="module")
@@ -341,13 +352,179 @@ def test_dependencies_wait_for_health_and_one_shots(services: dict[str, dict]) -
     assert "warm_start" in " ".join(services["model-init"]["command"])
 
 
-def test_keys_come_from_the_deployers_volume(services: dict[str, dict]) -> None:
-    keys = [env_of(services["trainer"])["PRIME_TRAINER_KEY_FILE"],
-            env_of(services["validator"])["PRIME_VALIDATOR_KEY_FILE"]]  # fmt: skip
-    keys += [env_of(services[w])["PRIME_WORKER_KEY_FILE"] for w in worker_services(services)]
-    assert all(k.startswith("/data/chain/keys/") for k in keys)
-    assert len(set(keys)) == len(keys), "two services share a key"
-    assert "chain:/data/chain" in services["deployer"]["volumes"]
+def secrets_of(service: dict) -> dict[str, str]:
+    """Secret source -> the path it has in the service's container."""
+    out = {}
+    for item in service.get("secrets") or []:
+        if isinstance(item, str):
+            item = {"source": item}
+        source = item["source"]
+        target = item.get("target") or source
+        out[source] = target if target.startswith("/") else f"/run/secrets/{target}"
+    return out
+
+
+def test_each_service_mounts_only_its_own_key(services: dict[str, dict]) -> None:
+    key_secrets = set(KEY_SECRET.values())
+    assert set(KEY_SECRET) == {"trainer", "validator", *worker_services(services)}
+    for name, svc in services.items():
+        mounted = secrets_of(svc)
+        held = key_secrets & set(mounted)
+        if name not in KEY_SECRET:
+            assert not held, f"{name} mounts {held}"
+            continue
+        assert held == {KEY_SECRET[name]}, f"{name} mounts keys {held}"
+        prefix = prefix_of(name)
+        assert env_of(svc)[f"{prefix}KEY_FILE"] == mounted[KEY_SECRET[name]]
+    # Workers hold nothing else: no Redis password, no other role's secret.
+    for name in worker_services(services):
+        assert set(secrets_of(services[name])) == {KEY_SECRET[name]}
+    # The deployer registers and funds by address; keys no longer live in the shared volume.
+    assert set(secrets_of(services["deployer"])) == {"addresses"}
+    deployer_secrets = secrets_of(services["deployer"])
+    assert env_of(services["deployer"])["SWARM_ADDRESSES_FILE"] == deployer_secrets["addresses"]
+    for name, svc in services.items():
+        for volume in svc.get("volumes") or []:
+            assert "/keys" not in volume, f"{name} mounts a key folder: {volume}"
+
+
+def test_deployer_reads_the_addresses_compose_secrets_writes(
+    deployer: ModuleType, tmp_path: Path
+) -> None:
+    from prime_swarm.deploy import compose_secrets
+    from prime_swarm.protocol.keys import load_key
+
+    out = tmp_path / "secrets"
+    compose_secrets.generate(out, workers=WORKERS)
+    trainer, validator, workers = deployer.read_addresses(out / "addresses.json")
+    assert trainer == load_key(out / "trainer-key.json").address
+    assert validator == load_key(out / "validator-key.json").address
+    assert workers == [load_key(out / f"worker-{i}-key.json").address for i in range(WORKERS)]
+    with pytest.raises(SystemExit, match="compose-secrets"):
+        deployer.read_addresses(tmp_path / "missing.json")
+
+
+# ------------------------------------------------------------------------------------ secrets
+
+
+def test_redis_requires_a_user_per_role(services: dict[str, dict]) -> None:
+    from prime_swarm.deploy import redis_acl
+
+    redis = services["redis"]
+    command = redis["command"]
+    acl_path = command[command.index("--aclfile") + 1]
+    assert secrets_of(redis)["redis_acl"] == acl_path
+    assert "--appendonly" in command
+    health = " ".join(redis["healthcheck"]["test"])
+    assert "--user healthcheck" in health
+    assert secrets_of(redis)["redis_healthcheck_password"] in health
+    for name, svc in services.items():
+        env = env_of(svc)
+        urls = {k: v for k, v in env.items() if k.endswith("_REDIS_URL")}
+        if name not in REDIS_ROLE:
+            assert not urls, f"{name} should not reach Redis"
+            assert not {s for s in secrets_of(svc) if s.startswith("redis_")} - (
+                {"redis_acl", "redis_healthcheck_password"} if name == "redis" else set()
+            ), f"{name} mounts a Redis password"
+            continue
+        role = REDIS_ROLE[name]
+        assert role in redis_acl.ROLES
+        ((var, url),) = urls.items()
+        # The user only: the entrypoint adds the password from the service's own secret.
+        assert url == f"redis://{role}@redis:6379/0", f"{name}: {var}={url}"
+        own = f"redis_{role}_password"
+        assert {s for s in secrets_of(svc) if s.startswith("redis_")} == {own}
+        assert env["SWARM_REDIS_PASSWORD_FILE"] == secrets_of(svc)[own]
+
+
+def test_no_password_is_in_the_environment(services: dict[str, dict]) -> None:
+    for name, svc in services.items():
+        for var, value in env_of(svc).items():
+            if "PASSWORD" in var or "SECRET" in var:
+                assert var.endswith("_FILE"), f"{name}: {var} holds a secret"
+            assert not re.search(r"://[^/@:]+:[^/@]+@", value), f"{name}: {var} has a password"
+
+
+def test_compose_secrets_are_the_files_the_generator_writes(compose: dict, tmp_path: Path) -> None:
+    from prime_swarm.deploy import compose_secrets
+
+    made = tmp_path / "secrets"
+    compose_secrets.generate(made, workers=WORKERS)
+    files = {}
+    for name, spec in compose["secrets"].items():
+        m = re.fullmatch(r"\$\{SWARM_SECRETS_DIR:-\./deploy/docker/secrets\}/(.+)", spec["file"])
+        assert m, f"secret {name}: {spec['file']} is not under SWARM_SECRETS_DIR"
+        files[name] = m.group(1)
+    assert set(files.values()) == {p.name for p in made.iterdir()}
+    assert (ROOT / ".gitignore").read_text().count("deploy/docker/secrets/") == 1
+    assert "deploy/docker/secrets" in (ROOT / ".dockerignore").read_text().split()
+    # Each file is owned by the user of the container that reads it (bind-mounted as is).
+    stock_image_owners = {
+        "redis": compose_secrets.REDIS_OWNER,
+        "grafana": compose_secrets.GRAFANA_OWNER,
+    }
+    readers: dict[str, set[tuple[int, int]]] = {}
+    for svc_name, svc in compose["services"].items():
+        owner = stock_image_owners.get(svc_name, compose_secrets.PRIME_OWNER)
+        for source in secrets_of(svc):
+            readers.setdefault(files[source], set()).add(owner)
+    for file, owners in readers.items():
+        assert owners == {compose_secrets.owner_of(file)}, f"{file} is read as {owners}"
+    uid = compose_secrets.PRIME_OWNER[0]
+    assert f"--uid {uid} " in DOCKERFILE.read_text()
+
+
+def test_entrypoint_puts_the_password_into_the_redis_url(tmp_path: Path) -> None:
+    secret = tmp_path / "redis_password"
+    secret.write_text("Abc_123-xyz\n")
+    base = {"PATH": os.environ["PATH"], "SWARM_REDIS_PASSWORD_FILE": str(secret)}
+
+    def run(**env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["sh", str(ENTRYPOINT), "env"], env={**base, **env},
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+
+    ok = run(PRIME_TRAINER_REDIS_URL="redis://trainer@redis:6379/0")
+    assert ok.returncode == 0, ok.stderr
+    assert "PRIME_TRAINER_REDIS_URL=redis://trainer:Abc_123-xyz@redis:6379/0" in ok.stdout
+    assert run(PRIME_TRAINER_REDIS_URL="redis://redis:6379/0").returncode != 0  # no user
+    assert run(PRIME_TRAINER_REDIS_URL="redis://t:pw@redis:6379/0").returncode != 0
+    assert run().returncode != 0  # a password with no URL to put it in is a mistake
+    secret.write_text("has space")
+    assert run(PRIME_TRAINER_REDIS_URL="redis://trainer@redis:6379/0").returncode != 0
+
+
+# ------------------------------------------------------------------------------------ networks
+
+
+def networks_of(service: dict) -> set[str]:
+    nets = service.get("networks") or {}
+    return set(nets) if isinstance(nets, (list, dict)) else set()
+
+
+def test_networks_keep_workers_and_metrics_apart(compose: dict, services: dict[str, dict]) -> None:
+    assert compose["networks"]["backend"].get("internal") is True
+    assert not (compose["networks"]["public"] or {}).get("internal")
+    for name, svc in services.items():
+        # Explicit everywhere: an unlisted service would land on a `default` network.
+        assert networks_of(svc) or svc.get("network_mode") == "none", f"{name} names no network"
+        assert "default" not in networks_of(svc)
+    for name in BACKEND_ONLY:
+        assert networks_of(services[name]) == {"backend"}, name
+    for name in PUBLIC:
+        assert networks_of(services[name]) == {"backend", "public"}, name
+    for name in worker_services(services):
+        assert networks_of(services[name]) == {"public"}, name
+    on_public = {n for n, svc in services.items() if "public" in networks_of(svc)}
+    # anvil stands in for a public chain that workers must reach to stake.
+    assert on_public == PUBLIC | {"anvil"} | set(worker_services(services))
+
+
+def test_monitoring_override_publishes_on_loopback_only() -> None:
+    override = yaml.safe_load(MONITORING_FILE.read_text())
+    assert set(override["services"]) == {"prometheus", "grafana"}
+    for name, svc in override["services"].items():
+        assert svc["ports"] and all(p.startswith("127.0.0.1:") for p in svc["ports"]), name
+        assert set(svc["networks"]) == {"backend", "monitoring"}
 
 
 # ------------------------------------------------------------------------------------ observability
@@ -385,9 +562,21 @@ def test_grafana_is_provisioned_with_the_dashboard() -> None:
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
-def test_docker_compose_config_is_valid() -> None:
+@pytest.mark.parametrize("files", [[COMPOSE_FILE], [COMPOSE_FILE, MONITORING_FILE]],
+                         ids=["base", "with-monitoring"])  # fmt: skip
+def test_docker_compose_config_is_valid(files: list[Path], tmp_path: Path) -> None:
+    from prime_swarm.deploy import compose_secrets
+
+    compose_secrets.generate(tmp_path / "secrets", workers=WORKERS)
+    args = [a for f in files for a in ("-f", str(f))]
     result = subprocess.run(
-        ["docker-compose", "-f", str(COMPOSE_FILE), "config", "-q"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        ["docker-compose", *args, "config"], cwd=ROOT, capture_output=True, text=True,
+        timeout=60, env={**os.environ, "SWARM_SECRETS_DIR": str(tmp_path / "secrets")},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
+    merged = yaml.safe_load(result.stdout)
+    published = {n for n, svc in merged["services"].items() if svc.get("ports")}
+    extra = {"prometheus", "grafana"} if MONITORING_FILE in files else set()
+    assert published == PUBLISHED | extra
+    for spec in merged["secrets"].values():
+        assert Path(spec["file"]).is_file(), spec["file"]

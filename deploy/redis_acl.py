@@ -1,0 +1,171 @@
+"""Who may do what in the pool's Redis: one ACL user per role, rendered as Redis ACL file lines.
+
+Redis is where the services trust each other, so nobody gets more than their code calls: a
+forged `rollouts:submitted` entry once got an honest worker slashed.
+
+  orchestrator  writes submissions; owns orch:* (leases, workers), auth:* (request nonces) and
+                rate:* (rate limits, a Lua script); reads policy announcements
+  validator     consumes submissions (group reads and acks), writes verified and rejected
+                rollouts; owns validator:* (replay guard, chain queue); reads announcements
+  trainer       consumes verified rollouts, announces policies; owns trainer:*
+  healthcheck   PING only, for the compose healthcheck
+  default       off: a connection that does not authenticate can do nothing
+
+Workers get no user at all: they talk to the orchestrator over signed HTTP, never to Redis.
+
+Each grant renders as a Redis 7 selector, `(keys commands)`, and a command is allowed only if one
+selector holds both it and every key it touches. That is what lets the validator XREADGROUP and
+XACK `rollouts:submitted` (write commands in Redis's ACL categories: they move the group's
+cursor) without being able to XADD to it, which key-only rules (`%R~`/`%W~`) cannot express.
+Selectors need Redis >= 7.0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from prime_swarm.libs.guard.ratelimit import RATE_KEY
+from prime_swarm.protocol import streams
+from prime_swarm.protocol.auth import NONCE_KEY
+from prime_swarm.services.orchestrator import state as orch_state
+
+# What redis-py's `pipeline(transaction=True)` sends around the queued commands; it checks no key.
+TRANSACTION = ("multi", "exec")
+# What `libs.streams.consumer.GroupReader` calls on the stream it consumes.
+GROUP_READER = ("xgroup|create", "xreadgroup", "xautoclaim", "xack", "xinfo|groups")
+
+
+def namespace(key_template: str) -> str:
+    """`orch:lease:{lease_id}` -> `orch:*`: a role owns its whole prefix, so a new key of its own
+    needs no ACL change, while keys of other roles stay out of reach."""
+    return key_template.split(":", 1)[0] + ":*"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """`commands` allowed on `keys` (glob patterns), and on nothing else."""
+
+    keys: tuple[str, ...]
+    commands: tuple[str, ...]
+    # %R~: only commands Redis flags as reading may touch these keys.
+    read_only: bool = False
+
+    def selector(self) -> str:
+        prefix = "%R~" if self.read_only else "~"
+        rules = [prefix + k for k in self.keys] + ["+" + c for c in self.commands]
+        return "(" + " ".join(rules) + ")"
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    grants: tuple[Grant, ...]
+    # Allowed without any key: transaction framing, PING.
+    keyless: tuple[str, ...] = TRANSACTION
+
+    @property
+    def commands(self) -> frozenset[str]:
+        return frozenset(self.keyless).union(*(g.commands for g in self.grants))
+
+    def allows(self, command: str, key: str) -> bool:
+        """Whether a grant holds `command` on `key` (glob `*` patterns only, as used here)."""
+        return any(
+            command in g.commands and any(_glob(p, key) for p in g.keys) for g in self.grants
+        )
+
+    def acl_line(self, password: str) -> str:
+        digest = hashlib.sha256(password.encode()).hexdigest()
+        rules = ["resetkeys", "resetchannels", "-@all", *("+" + c for c in self.keyless)]
+        selectors = [g.selector() for g in self.grants]
+        return " ".join(["user", self.name, "on", "resetpass", "#" + digest, *rules, *selectors])
+
+
+def _glob(pattern: str, key: str) -> bool:
+    if pattern.endswith("*"):
+        return key.startswith(pattern[:-1])
+    return key == pattern
+
+
+# The orchestrator owns the prefixes of its keys (services/orchestrator/state.py, request nonces,
+# rate limits).
+ORCHESTRATOR_KEYS = tuple(
+    sorted(
+        {
+            namespace(k)
+            for k in (
+                orch_state.TASK_COUNTER,
+                orch_state.WORKERS,
+                orch_state.LEASE,
+                orch_state.OPEN_LEASES,
+                orch_state.SUBMITTED,
+                NONCE_KEY,
+                RATE_KEY,
+            )
+        }
+    )
+)
+ORCHESTRATOR_COMMANDS = (
+    "get", "set", "exists", "incrby", "expire",  # redis-py's incr() sends INCRBY
+    "sadd", "srem", "smembers",
+    "hset", "hexists", "hlen",
+    # The rate limiter's Lua script (RateLimiter): redis-py runs it by EVALSHA and loads it on
+    # NOSCRIPT. The script's own TIME/GET/SET calls are checked against this same user, so a
+    # script can touch nothing the orchestrator could not.
+    "evalsha", "script|load", "time",
+)  # fmt: skip
+
+ORCHESTRATOR = Role(
+    "orchestrator",
+    grants=(
+        Grant(keys=ORCHESTRATOR_KEYS, commands=ORCHESTRATOR_COMMANDS),
+        Grant(keys=(streams.ROLLOUTS_SUBMITTED,), commands=("xadd", "xlen", "xinfo|groups")),
+        Grant(keys=(streams.POLICY_ANNOUNCEMENTS,), commands=("xrevrange",), read_only=True),
+    ),
+)
+
+VALIDATOR = Role(
+    "validator",
+    grants=(
+        Grant(
+            keys=("validator:*",),
+            commands=("set", "get", "rpush", "llen", "lrange", "ltrim"),
+        ),
+        Grant(keys=(streams.ROLLOUTS_SUBMITTED,), commands=GROUP_READER),
+        Grant(keys=(streams.ROLLOUTS_VERIFIED, streams.ROLLOUTS_REJECTED), commands=("xadd",)),
+        Grant(keys=(streams.POLICY_ANNOUNCEMENTS,), commands=("xrevrange",), read_only=True),
+    ),
+)
+
+TRAINER = Role(
+    "trainer",
+    grants=(
+        Grant(keys=("trainer:*",), commands=("sadd", "sismember")),
+        Grant(keys=(streams.ROLLOUTS_VERIFIED,), commands=(*GROUP_READER, "xlen")),
+        Grant(keys=(streams.ROLLOUTS_REJECTED,), commands=("xlen",), read_only=True),
+        Grant(keys=(streams.POLICY_ANNOUNCEMENTS,), commands=("xadd", "xrevrange")),
+    ),
+)
+
+HEALTHCHECK = Role("healthcheck", grants=(), keyless=("ping",))
+
+ROLES: dict[str, Role] = {r.name: r for r in (ORCHESTRATOR, VALIDATOR, TRAINER, HEALTHCHECK)}
+
+# Without this line Redis creates `default` with no password and every permission.
+DEFAULT_OFF = "user default off resetpass resetkeys resetchannels -@all"
+
+
+def acl_file(passwords: Mapping[str, str]) -> str:
+    """The ACL file for `redis-server --aclfile`: every role of ROLES, with its password hashed.
+
+    ACL files take no comments, so the reasons live here, not in the file.
+    """
+    missing = sorted(set(ROLES) - set(passwords))
+    if missing:
+        raise ValueError(f"no password for Redis role(s) {missing}")
+    for name, password in passwords.items():
+        if len(password) < 16:
+            raise ValueError(f"the password of Redis role {name!r} is too short")
+    lines = [DEFAULT_OFF] + [role.acl_line(passwords[name]) for name, role in ROLES.items()]
+    return "\n".join(lines) + "\n"

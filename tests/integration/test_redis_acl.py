@@ -1,0 +1,237 @@
+"""The compose Redis ACL (deploy/redis_acl.py, as `prime-swarm compose-secrets` writes it) on a
+real redis-server: each role does its job through the services' own Redis code, and nothing else.
+
+The attack it stops: anything but the orchestrator forging a `rollouts:submitted` entry (that got
+an honest worker slashed), anything but the validator forging a verdict, anything but the trainer
+announcing a policy, and a client without credentials doing anything at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+
+import pytest
+import redis
+from redis.asyncio import Redis as AsyncRedis
+
+from prime_swarm.deploy import compose_secrets, redis_acl
+from prime_swarm.libs.guard.ratelimit import Rate, RateLimiter
+from prime_swarm.libs.localnet.redis_server import RedisServer
+from prime_swarm.libs.streams.consumer import GroupReader
+from prime_swarm.protocol import streams
+from prime_swarm.protocol.auth import redis_nonce_burner
+from prime_swarm.protocol.messages import PolicyAnnouncement, SubmittedRollout, VerifiedRollout
+from prime_swarm.services.orchestrator.settings import OrchestratorSettings
+from prime_swarm.services.orchestrator.state import WORKERS, LeaseBook, PolicyTracker
+from prime_swarm.services.validator.ledger_queue import ChainAction, LedgerQueue
+
+FAKE = {"data": "{}"}  # any payload: the ACL never looks inside an entry
+
+
+@pytest.fixture(scope="module")
+def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    root = tmp_path_factory.mktemp("redis-acl")
+    compose_secrets.generate(root / "secrets", workers=1)
+    server = RedisServer(root / "data", root / "logs", acl_file=root / "secrets" / "redis.acl")
+    passwords = {
+        r: (root / "secrets" / compose_secrets.password_file(r)).read_text()
+        for r in redis_acl.ROLES
+    }
+    clients: list[redis.Redis] = []
+
+    def connect(role: str, password: str | None = None) -> redis.Redis:
+        url = server.url_for(role, password or passwords[role])
+        client = redis.Redis.from_url(url, socket_timeout=10)
+        clients.append(client)
+        return client
+
+    try:
+        yield SimpleNamespace(server=server, passwords=passwords, connect=connect)
+    finally:
+        for c in clients:
+            c.close()
+        server.stop()
+
+
+def refused(call: Callable[[], object]) -> bool:
+    try:
+        call()
+    except redis.exceptions.NoPermissionError:
+        return True
+    return False
+
+
+def test_each_role_does_its_job_with_the_services_code(acl_redis: SimpleNamespace) -> None:
+    orch_url = acl_redis.server.url_for("orchestrator", acl_redis.passwords["orchestrator"])
+    trainer = acl_redis.connect("trainer")
+    validator = acl_redis.connect("validator")
+
+    # trainer: announces a policy (services/trainer/loop.py publish).
+    ann = PolicyAnnouncement(version=1, step=1, model_hash="ab" * 32, manifest_path="/m/1")
+    trainer.xadd(streams.POLICY_ANNOUNCEMENTS, streams.encode(ann), maxlen=10_000, approximate=True)
+
+    async def orchestrate() -> None:
+        r = AsyncRedis.from_url(orch_url, socket_timeout=10)
+        try:
+            settings = OrchestratorSettings(ledger_address="0x" + "5f" * 20, pool_id=1)
+            assert (await PolicyTracker(r, settings).latest()).version == 1
+            leases = LeaseBook(r, settings)
+            worker = "0x" + "ab" * 20
+            lease = await leases.issue(worker, pool_id=1, min_version=0)
+            assert (await leases.get(lease.lease_id)) == lease
+            assert await leases.open_count(worker) == 1
+            assert await leases.mark_submitted(lease, "sub-1")
+            assert not await leases.mark_submitted(lease, "sub-1")
+            burn = redis_nonce_burner(r)
+            assert await burn(worker, "n-1", 60) and not await burn(worker, "n-1", 60)
+            await RateLimiter(r).hit("test-bucket", Rate(per_second=10, burst=5))
+            # services/orchestrator/routes.py
+            await r.hset(WORKERS, worker, time.time())
+            assert await r.hexists(WORKERS, worker) and await r.hlen(WORKERS) == 1
+            await r.xadd(streams.ROLLOUTS_SUBMITTED, FAKE)
+            await r.xadd(streams.ROLLOUTS_SUBMITTED, FAKE)
+            assert await r.xlen(streams.ROLLOUTS_SUBMITTED) == 2
+        finally:
+            await r.aclose()
+
+    asyncio.run(orchestrate())
+    orch = acl_redis.connect("orchestrator")
+    assert orch.xinfo_groups(streams.ROLLOUTS_SUBMITTED) == []
+
+    # validator: consumes submissions, writes verdicts, queues chain actions, acks in one
+    # transaction (services/validator/loop.py, ledger_queue.py).
+    reader = GroupReader(
+        validator,
+        streams.ROLLOUTS_SUBMITTED,
+        streams.VALIDATOR_GROUP,
+        "v-1",
+        SubmittedRollout,
+        min_idle_ms=0,
+    )
+    entries = reader.read(count=10, block_ms=100)
+    assert len(entries) == 2 and reader.own_pending(10) and reader.reclaim(10)
+    assert reader.lag() == 2
+    assert validator.xrevrange(streams.POLICY_ANNOUNCEMENTS, count=1)
+    seen = "validator:seen:" + "cd" * 32
+    assert validator.set(seen, "sub-1", nx=True, ex=60) and validator.get(seen) == b"sub-1"
+    attested: list[object] = []
+    ledger = SimpleNamespace(
+        attest_work=lambda pool, works: (
+            attested.extend(works) or SimpleNamespace(attested=works, skipped=[])
+        )
+    )
+    queue = LedgerQueue(validator, ledger, pool_id=1, batch=10, interval_s=0)  # type: ignore[arg-type]
+    pipe = validator.pipeline(transaction=True)
+    pipe.xadd(streams.ROLLOUTS_VERIFIED, FAKE)
+    pipe.xadd(streams.ROLLOUTS_REJECTED, FAKE)
+    pipe.rpush(queue.key, ChainAction("attest", "0x" + "ab" * 20, "ee" * 32, units=1).dumps())
+    pipe.xack(streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, *[e.entry_id for e in entries])
+    pipe.execute()
+    assert reader.lag() == 0
+    assert queue.due() and queue.pending() == 1
+    queue.flush()
+    assert queue.pending() == 0 and len(attested) == 1
+
+    # trainer: consumes verified rollouts, remembers what it trained, acks in one transaction.
+    treader = GroupReader(
+        trainer, streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP, "t-1", VerifiedRollout
+    )
+    got = treader.read(count=10, block_ms=100)
+    assert len(got) == 1 and treader.lag() == 1
+    assert not trainer.sismember("trainer:trained_submissions", "sub-1")
+    pipe = trainer.pipeline(transaction=True)
+    pipe.sadd("trainer:trained_submissions", "sub-1")
+    pipe.xack(streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP, got[0].entry_id)
+    pipe.execute()
+    assert treader.lag() == 0
+    assert trainer.xlen(streams.ROLLOUTS_VERIFIED) == 1
+    assert trainer.xlen(streams.ROLLOUTS_REJECTED) == 1
+
+
+def test_only_the_orchestrator_can_submit(acl_redis: SimpleNamespace) -> None:
+    for role in ("validator", "trainer"):
+        r = acl_redis.connect(role)
+        assert refused(lambda r=r: r.xadd(streams.ROLLOUTS_SUBMITTED, FAKE)), role
+        assert refused(lambda r=r: r.delete(streams.ROLLOUTS_SUBMITTED)), role
+    validator = acl_redis.connect("validator")
+    # It consumes the stream, yet cannot rewrite it or its group's cursor.
+    for forge in (
+        lambda: validator.xdel(streams.ROLLOUTS_SUBMITTED, "0-1"),
+        lambda: validator.xtrim(streams.ROLLOUTS_SUBMITTED, maxlen=0),
+        lambda: validator.xgroup_setid(streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, "$"),
+        lambda: validator.xgroup_destroy(streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP),
+        lambda: validator.set("orch:lease:forged", "{}"),  # a lease the orchestrator never gave
+    ):
+        assert refused(forge)
+
+
+def test_only_the_validator_can_give_verdicts(acl_redis: SimpleNamespace) -> None:
+    orch, trainer = acl_redis.connect("orchestrator"), acl_redis.connect("trainer")
+    for r in (orch, trainer):
+        assert refused(lambda r=r: r.xadd(streams.ROLLOUTS_VERIFIED, FAKE))
+        assert refused(lambda r=r: r.xadd(streams.ROLLOUTS_REJECTED, FAKE))
+        assert refused(lambda r=r: r.rpush("validator:1:chain_queue", "{}"))
+    # The orchestrator writes submissions but cannot read them back as a consumer, nor ack
+    # them away before the validator sees them.
+    assert refused(
+        lambda: orch.xreadgroup(
+            streams.VALIDATOR_GROUP, "x", {streams.ROLLOUTS_SUBMITTED: ">"}, count=1
+        )
+    )
+    assert refused(lambda: orch.xack(streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, "0-1"))
+    # Its Lua permission is no way around: a script runs with the caller's ACL.
+    sha = orch.script_load("return redis.call('XADD', KEYS[1], '*', 'data', '{}')")
+    with pytest.raises(redis.exceptions.ResponseError, match="user executing the script can't"):
+        orch.evalsha(sha, 1, "rate:x")
+    assert refused(lambda: orch.evalsha(sha, 1, streams.ROLLOUTS_VERIFIED))
+    assert refused(lambda: orch.eval("return 1", 0))
+
+
+def test_only_the_trainer_can_announce_a_policy(acl_redis: SimpleNamespace) -> None:
+    for role in ("orchestrator", "validator"):
+        r = acl_redis.connect(role)
+        assert refused(lambda r=r: r.xadd(streams.POLICY_ANNOUNCEMENTS, FAKE)), role
+
+
+def test_no_role_can_administer_the_server(acl_redis: SimpleNamespace) -> None:
+    for role in redis_acl.ROLES:
+        r = acl_redis.connect(role)
+        for admin in (
+            r.flushall,
+            lambda r=r: r.config_get("*"),
+            lambda r=r: r.keys("*"),
+            lambda r=r: r.acl_list(),
+            lambda r=r: r.acl_setuser("default", enabled=True, nopass=True),
+        ):
+            assert refused(admin), role
+    health = acl_redis.connect("healthcheck")
+    assert health.ping()
+    assert refused(lambda: health.get("orch:workers"))
+
+
+def test_without_credentials_nothing_is_possible(acl_redis: SimpleNamespace) -> None:
+    anonymous = redis.Redis.from_url(acl_redis.server.url, socket_timeout=5)
+    try:
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            anonymous.ping()
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            anonymous.xadd(streams.ROLLOUTS_SUBMITTED, FAKE)
+    finally:
+        anonymous.close()
+    for user, password in (
+        ("default", ""),
+        ("default", "anything-at-all-123"),
+        ("orchestrator", acl_redis.passwords["validator"]),  # another role's password
+        ("worker", acl_redis.passwords["orchestrator"]),  # workers have no user
+    ):
+        client = redis.Redis(
+            port=acl_redis.server.port, username=user, password=password or None, socket_timeout=5
+        )
+        try:
+            with pytest.raises(redis.exceptions.AuthenticationError):
+                client.xadd(streams.ROLLOUTS_SUBMITTED, FAKE)
+        finally:
+            client.close()

@@ -1,0 +1,230 @@
+"""deploy/redis_acl.py grants each role what its code calls, on the keys its code names, and
+deploy/compose_secrets.py makes the files docker-compose.yml mounts without ever replacing one.
+
+The ACL is only exercised in compose, so a service that starts calling a new Redis command would
+pass every other test and then fail with NOPERM in a deployment: the scans below catch it here.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import stat
+from pathlib import Path
+
+import pytest
+
+from prime_swarm.deploy import compose_secrets, redis_acl
+from prime_swarm.protocol import streams
+from prime_swarm.protocol.keys import load_key
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The code each role runs against Redis.
+CODE = {
+    "orchestrator": [
+        *sorted((ROOT / "services" / "orchestrator").glob("*.py")),
+        ROOT / "protocol" / "auth.py",
+        ROOT / "libs" / "guard" / "ratelimit.py",
+    ],
+    "validator": [
+        *sorted((ROOT / "services" / "validator").glob("*.py")),
+        ROOT / "libs" / "streams" / "consumer.py",
+    ],
+    "trainer": [
+        *sorted((ROOT / "services" / "trainer").glob("*.py")),
+        ROOT / "libs" / "streams" / "consumer.py",
+    ],
+}
+# A redis-py call on the names this code gives its clients and pipelines.
+CALL = re.compile(r"\b(?:self\.r|self\.redis|pool\.redis|redis|r|pipe)\.([a-z_]+)\(")
+# A command inside a Lua script: Redis checks it against the caller's ACL too.
+LUA_CALL = re.compile(r"redis\.(?:p?call)\(\s*['\"]([A-Za-z]+)['\"]")
+# A string that starts like one of our keys: `orch:lease:{lease_id}`, `validator:` + f-string.
+KEY_LIKE = re.compile(r"^[a-z_]+:(?:$|[a-z_{])")
+# redis-py method -> the Redis commands it sends (when not simply its own name).
+METHOD_COMMANDS = {
+    "pipeline": {"multi", "exec"},  # only transaction=True pipelines are used
+    "execute": set(),
+    "aclose": set(),
+    "close": set(),
+    "call": set(),  # Lua's redis.call, read by LUA_CALL
+    "register_script": {"evalsha", "script|load"},
+    "incr": {"incrby"},
+    "decr": {"decrby"},
+    "xgroup_create": {"xgroup|create"},
+    "xinfo_groups": {"xinfo|groups"},
+}
+
+
+def commands_called(files: list[Path]) -> set[str]:
+    found: set[str] = set()
+    for path in files:
+        text = path.read_text()
+        for method in CALL.findall(text):
+            found |= METHOD_COMMANDS.get(method, {method})
+        found |= {c.lower() for c in LUA_CALL.findall(text)}
+    return found
+
+
+def key_literals(files: list[Path]) -> set[str]:
+    """String constants (f-string heads included) that look like Redis keys, `{x}` as `*`."""
+    found = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if KEY_LIKE.match(node.value):
+                    found.add(re.sub(r"\{[^}]*\}", "x", node.value))
+    return found
+
+
+@pytest.mark.parametrize("role", sorted(CODE))
+def test_each_role_is_granted_every_command_its_code_calls(role: str) -> None:
+    called = commands_called(CODE[role])
+    assert called, "the scan found no Redis call: has the code's shape changed?"
+    missing = called - redis_acl.ROLES[role].commands
+    assert not missing, f"{role} calls {sorted(missing)}: grant them in deploy/redis_acl.py"
+
+
+@pytest.mark.parametrize("role", sorted(CODE))
+def test_each_key_a_role_names_is_in_its_grants(role: str) -> None:
+    keys = key_literals(CODE[role])
+    assert keys, "the scan found no key: has the code's shape changed?"
+    r = redis_acl.ROLES[role]
+    # Any of its granted commands will do: the question is whether the key is reachable at all.
+    outside = {k for k in keys if not any(r.allows(c, k + "x") for c in r.commands)}
+    assert not outside, f"{role} uses keys {sorted(outside)} outside its grants"
+
+
+def test_keys_come_from_the_code_and_roles_own_their_namespaces() -> None:
+    from prime_swarm.libs.guard.ratelimit import RATE_KEY
+    from prime_swarm.protocol.auth import NONCE_KEY
+    from prime_swarm.services.orchestrator import state
+
+    orch = redis_acl.ORCHESTRATOR
+    for template in (state.LEASE, state.OPEN_LEASES, state.SUBMITTED, NONCE_KEY, RATE_KEY):
+        key = re.sub(r"\{[^}]*\}", "x", template)
+        assert orch.allows("set", key) or orch.allows("sadd", key), template
+    assert orch.allows("incrby", state.TASK_COUNTER) and orch.allows("hset", state.WORKERS)
+    for role in ("validator", "trainer"):
+        assert redis_acl.ROLES[role].allows("set" if role == "validator" else "sadd", f"{role}:x")
+    # Nobody but the owner reaches a namespace.
+    owners = {"orch": "orchestrator", "auth": "orchestrator", "rate": "orchestrator",
+              "validator": "validator", "trainer": "trainer"}  # fmt: skip
+    for prefix, owner in owners.items():
+        reach = {
+            name
+            for name, r in redis_acl.ROLES.items()
+            if any(r.allows(c, f"{prefix}:x") for c in r.commands)
+        }
+        assert reach == {owner}, prefix
+
+
+def test_only_the_orchestrator_writes_submissions_and_only_the_validator_verdicts() -> None:
+    writers = {
+        stream: {name for name, r in redis_acl.ROLES.items() if r.allows("xadd", stream)}
+        for stream in streams.STREAM_MODELS
+    }
+    assert writers == {
+        streams.ROLLOUTS_SUBMITTED: {"orchestrator"},
+        streams.ROLLOUTS_VERIFIED: {"validator"},
+        streams.ROLLOUTS_REJECTED: {"validator"},
+        streams.POLICY_ANNOUNCEMENTS: {"trainer"},
+    }
+    consumers = {
+        stream: {name for name, r in redis_acl.ROLES.items() if r.allows("xreadgroup", stream)}
+        for stream in streams.STREAM_MODELS
+    }
+    assert consumers[streams.ROLLOUTS_SUBMITTED] == {"validator"}
+    assert consumers[streams.ROLLOUTS_VERIFIED] == {"trainer"}
+
+
+def test_acl_file_turns_default_off_and_holds_only_hashes() -> None:
+    passwords = {role: f"pw-{role}-0123456789abcdef" for role in redis_acl.ROLES}
+    text = redis_acl.acl_file(passwords)
+    lines = text.splitlines()
+    assert lines[0] == "user default off resetpass resetkeys resetchannels -@all"
+    assert [ln.split()[1] for ln in lines[1:]] == list(redis_acl.ROLES)
+    for password in passwords.values():
+        assert password not in text
+    for line in lines:
+        assert line.startswith("user ") and "+@all" not in line and " ~*" not in line
+    with pytest.raises(ValueError, match="no password"):
+        redis_acl.acl_file({"orchestrator": "x" * 20})
+    with pytest.raises(ValueError, match="too short"):
+        redis_acl.acl_file({**passwords, "trainer": "short"})
+
+
+# ------------------------------------------------------------------------------------ generator
+
+
+def test_generator_makes_private_files_and_never_replaces_a_secret(tmp_path: Path) -> None:
+    out = tmp_path / "secrets"
+    first = compose_secrets.generate(out, workers=2)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
+    names = {p.name for p in out.iterdir()}
+    assert names == set(first.created)
+    assert {"redis.acl", "addresses.json", "grafana-admin.password", "trainer-key.json",
+            "validator-key.json", "worker-0-key.json", "worker-1-key.json"} <= names  # fmt: skip
+    for role in redis_acl.ROLES:
+        assert f"redis-{role}.password" in names
+    for path in out.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    again = compose_secrets.generate(out, workers=2)
+    assert not again.created and not again.updated
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+    # A lost password gets a new one; the ACL derived from it follows, nothing else changes.
+    (out / "redis-trainer.password").unlink()
+    third = compose_secrets.generate(out, workers=2)
+    assert third.created == ["redis-trainer.password"] and third.updated == ["redis.acl"]
+    after = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert {n for n in after if after[n] != before.get(n)} == {
+        "redis-trainer.password",
+        "redis.acl",
+    }
+
+
+def test_generator_addresses_and_acl_match_the_secrets(tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    compose_secrets.generate(out, workers=3)
+    roster = json.loads((out / "addresses.json").read_text())
+    assert roster["trainer"] == load_key(out / "trainer-key.json").address
+    assert roster["validator"] == load_key(out / "validator-key.json").address
+    assert roster["workers"] == [load_key(out / f"worker-{i}-key.json").address for i in range(3)]
+    assert len({roster["trainer"], roster["validator"], *roster["workers"]}) == 5
+    passwords = {r: (out / f"redis-{r}.password").read_text() for r in redis_acl.ROLES}
+    assert (out / "redis.acl").read_text() == redis_acl.acl_file(passwords)
+    # URL-safe: the entrypoint puts them into redis://user:password@host as they are.
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{32,}", p) for p in passwords.values())
+
+
+def test_generator_gives_each_file_to_its_containers_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owners: dict[str, tuple[int, int]] = {}
+    monkeypatch.setattr(
+        os, "chown", lambda p, uid, gid: owners.__setitem__(Path(p).name, (uid, gid))
+    )
+    out = tmp_path / "s"
+    compose_secrets.generate(out, workers=1, chown=True)
+    assert set(owners) == {p.name for p in out.iterdir()}
+    assert owners["redis.acl"] == owners["redis-healthcheck.password"] == (999, 999)
+    assert owners["grafana-admin.password"] == (472, 0)
+    for name in ("trainer-key.json", "validator-key.json", "worker-0-key.json",
+                 "redis-orchestrator.password", "addresses.json"):  # fmt: skip
+        assert owners[name] == compose_secrets.PRIME_OWNER, name
+
+
+def test_cli_subcommand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from prime_swarm.deploy.local.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["compose-secrets", "--out", str(tmp_path / "s"), "--workers", "1", "--owner", "me"])
+    assert done.value.code == 0
+    assert "created" in capsys.readouterr().out
+    assert (tmp_path / "s" / "worker-0-key.json").exists()
