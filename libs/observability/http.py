@@ -20,7 +20,9 @@ def add_observability_routes(app: object, health: HealthFn) -> None:
     def healthz() -> dict[str, object]:
         return {"status": "ok", **health()}
 
-    @app.get("/metrics")  # type: ignore[attr-defined]
+    # response_model=None: the annotation names a class imported in here, which FastAPI cannot
+    # resolve under postponed annotations, and /openapi.json would answer 500.
+    @app.get("/metrics", response_model=None)  # type: ignore[attr-defined]
     def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 

@@ -66,18 +66,18 @@ async def check_standing(route: str, pool: Pool, worker: str) -> None:
         raise refuse(route, 403, standing.explain(worker, pool.settings.pool_id), standing.verdict)
 
 
-@router.post("/register", response_model=RegisterReply)
+@router.post("/register", response_model=RegisterReply, name="registration")
 async def register(body: RegisterRequest, signer: Signer, pool: PoolDep) -> RegisterReply:
-    check_identity("register", signer, body.worker, pool, body.pool_id)
+    check_identity("registration", signer, body.worker, pool, body.pool_id)
     if acceptance_for(body.backend) is None:
         raise refuse(
-            "register",
+            "registration",
             422,
             f"this pool has no calibrated proof limits for backend {body.backend!r}",
             "unsupported_backend",
         )
     pool.standing.forget(body.worker)  # a worker registering has often just staked
-    await check_standing("register", pool, body.worker)
+    await check_standing("registration", pool, body.worker)
     await pool.redis.hset(WORKERS, body.worker.lower(), time.time())
     metrics.WORKERS_SEEN.set(await pool.redis.hlen(WORKERS))
     log.info("worker registered", extra={"fields": {"worker": body.worker}})

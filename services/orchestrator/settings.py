@@ -12,7 +12,8 @@ from prime_swarm.libs.rollout.recipe import Recipe
 class RouteRates(BaseModel):
     """Per-worker limits of each signed route; a worker over one gets 429 with Retry-After."""
 
-    register: Rate = Field(
+    # Named after the route's `name`; not `register`, which every BaseModel has (ABCMeta).
+    registration: Rate = Field(
         default_factory=lambda: Rate(per_second=0.2, burst=5),
         description="Registrations: once per session, so a handful is plenty.",
     )
