@@ -9,6 +9,7 @@ import time
 from fastapi import APIRouter
 from redis.exceptions import ResponseError
 
+from prime_swarm.libs.chain.errors import ChainError
 from prime_swarm.libs.guard.ratelimit import Limited
 from prime_swarm.libs.rollout.admission import Refusal, check_admission, check_version
 from prime_swarm.libs.rollout.calibration import acceptance_for
@@ -62,6 +63,15 @@ async def check_standing(route: str, pool: Pool, worker: str) -> None:
         standing = await pool.standing.of(worker)
     except Limited as exc:
         raise rate_limited(route, exc) from None
+    except ChainError as exc:  # the node is down or slow: the worker should retry, not give up
+        log.warning("standing lookup failed: %s", exc)
+        raise refuse(
+            route,
+            503,
+            "the pool's chain node is unreachable; retry",
+            "chain_unavailable",
+            headers={"Retry-After": "5"},
+        ) from None
     if not standing.ok:
         raise refuse(route, 403, standing.explain(worker, pool.settings.pool_id), standing.verdict)
 

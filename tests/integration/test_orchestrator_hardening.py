@@ -19,6 +19,7 @@ from eth_account import Account
 from eth_account.messages import encode_defunct
 
 from prime_swarm.libs.chain.anvil import Anvil
+from prime_swarm.libs.localnet.ports import free_port
 from prime_swarm.libs.localnet.redis_server import RedisServer
 from prime_swarm.protocol.messages import Heartbeat, LeaseRequest, RegisterRequest
 from prime_swarm.protocol.signing import (
@@ -36,6 +37,7 @@ from prime_swarm.services.worker.client import OrchestratorClient, OrchestratorE
 STANDING_CACHE_S = 0.5
 RATES = {"heartbeat": {"per_second": 1.0, "burst": 3}}
 MIN_STAKE = 10**18
+FAST_CHAIN_TIMEOUT = {"PRIME_ORCH_CHAIN_TIMEOUT_S": "2"}
 CHAIN_BUDGET = {"per_second": 0.5, "burst": 4}
 
 
@@ -239,3 +241,22 @@ def test_leaving_unbonds_and_withdraw_waits_for_the_period(pool: Any) -> None:
     line = unstake(ledger, "withdraw", pool.pool_id, account.address)
     assert f"withdrew {MIN_STAKE} wei" in line
     assert ledger.stake_of(pool.pool_id, account.address) == 0
+
+
+def test_an_unreachable_chain_is_503_not_500(
+    anvil: Anvil,
+    tmp_path_factory: pytest.TempPathFactory,
+    start_live_pool: Callable[..., AbstractContextManager[Any]],
+) -> None:
+    root = tmp_path_factory.mktemp("dead-rpc")
+    redis_server = RedisServer(root / "redis", root / "logs")
+    dead_rpc = {"PRIME_ORCH_RPC_URL": f"http://127.0.0.1:{free_port()}", **FAST_CHAIN_TIMEOUT}
+    try:
+        with start_live_pool(anvil, redis_server.url, root / "logs", dead_rpc) as live:
+            client = OrchestratorClient(live.url, live.member, timeout_s=30, retry_budget=0)
+            with pytest.raises(OrchestratorError) as err:
+                client.register(RegisterRequest(worker=live.member.address, pool_id=live.pool_id))
+            assert err.value.status == 503 and err.value.reason == "chain_unavailable"
+            assert alive(live)
+    finally:
+        redis_server.stop()
