@@ -30,12 +30,12 @@ import json
 import os
 import secrets
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from eth_account import Account
 
+from prime_swarm.libs.chain.files import atomic_write_text, create_exclusive
 from prime_swarm.protocol.keys import load_key, write_key
 
 DEFAULT_OUT = Path("deploy/docker/secrets")
@@ -84,34 +84,12 @@ def _new_password() -> str:
     return secrets.token_urlsafe(32)
 
 
-def _create_exclusive(path: Path, text: str) -> bool:
-    """Write `text` to a new 0600 file; False, touching nothing, if `path` exists."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    return True
-
-
 def _write_derived(path: Path, text: str) -> str | None:
     """Atomically (re)write a file derived from the secrets; the outcome, None if unchanged."""
-    if path.exists():
-        if path.read_text() == text:
-            return None
-        outcome = "updated"
-    else:
-        outcome = "created"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    if path.exists() and path.read_text() == text:
+        return None
+    outcome = "updated" if path.exists() else "created"
+    atomic_write_text(path, text, mode=0o600)
     return outcome
 
 
@@ -126,7 +104,7 @@ def generate(out: Path, workers: int = 3, chown: bool = False) -> Outcome:
     passwords: dict[str, str] = {}
     for name in [*(password_file(r) for r in redis_acl.ROLES), GRAFANA_PASSWORD]:
         path = out / name
-        if _create_exclusive(path, _new_password()):
+        if create_exclusive(path, _new_password()):
             result.created.append(name)
         else:
             result.kept.append(name)
