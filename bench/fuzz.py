@@ -489,7 +489,7 @@ class OrchestratorPlanner(Planner):
             http.post("/v1/register", json=who).raise_for_status()
             lease = http.post("/v1/lease", json={**who, "policy_version": POLICY_VERSION})
             lease.raise_for_status()
-            self.leases.append(lease.json()["lease"])
+            self.leases.extend(lease.json()["leases"])
 
     def prepare(self, case: schemathesis.Case, plan: Plan) -> dict[str, Any]:
         signer = self.outsider if plan.mode == "outsider" else self.member
@@ -555,11 +555,12 @@ class OrchestratorPlanner(Planner):
         if response.status_code != 200 or not case.operation.path.endswith("/lease"):
             return
         try:
-            lease = json.loads(response.content).get("lease")
+            issued = json.loads(response.content).get("leases")
         except ValueError:
             return
-        if isinstance(lease, dict) and isinstance(lease.get("lease_id"), str):
-            self.leases = [*self.leases[-15:], lease]
+        for lease in issued if isinstance(issued, list) else []:
+            if isinstance(lease, dict) and isinstance(lease.get("lease_id"), str):
+                self.leases = [*self.leases[-15:], lease]
 
 
 # Range values that stress the parser: valid, open, suffix, inverted, multi, out of bounds.

@@ -36,6 +36,7 @@ from prime_swarm.libs.rl.envs.base import hash_int
 from prime_swarm.libs.rl.evaluate import heldout_reward
 from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, grpo_step, make_optimizer
 from prime_swarm.libs.rl.logprobs import token_logprobs
+from prime_swarm.libs.rl.loss import LossConfig
 from prime_swarm.libs.rl.sft import warm_start
 from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.rollout.recipe import Recipe
@@ -128,7 +129,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict:
     trainer = load_pretrained(warm)
     versions = {0: copy.deepcopy(trainer.module.state_dict())}
     opt = make_optimizer(trainer, lr=args.lr)
-    cfg = GRPOConfig(clip_eps=args.clip_eps)
+    cfg = GRPOConfig(loss=LossConfig(eps_low=args.clip_eps, eps_high=args.clip_eps))
     rng = random.Random(seed)
     clock = Clock()
     evals = {0: heldout_reward(trainer, env, args.eval_tasks, seed)}
@@ -191,7 +192,7 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=RECIPE.temperature)
     ap.add_argument("--max-new-tokens", type=int, default=RECIPE.max_new_tokens)
     ap.add_argument("--lr", type=float, default=RL.lr)
-    ap.add_argument("--clip-eps", type=float, default=RL.clip_eps)
+    ap.add_argument("--clip-eps", type=float, default=LossConfig().eps_high)
     ap.add_argument("--sft-steps", type=int, default=WARM_START.steps)
     ap.add_argument("--error-rate", type=float, default=WARM_START.error_rate)
     ap.add_argument(

@@ -12,7 +12,14 @@ import hashlib
 import time
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    model_validator,
+)
 
 PROTOCOL_VERSION = 1
 
@@ -164,6 +171,13 @@ class LeaseRequest(Versioned):
     worker: Address
     pool_id: int = Field(ge=1)
     policy_version: int = Field(ge=0, description="Version the worker will generate with.")
+    count: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Leases wanted at once: a worker generates them as one batch, which is "
+        "several times cheaper per completion than one prompt at a time.",
+    )
 
 
 class Lease(Versioned):
@@ -180,11 +194,28 @@ class Lease(Versioned):
     seed: int = Field(ge=0, lt=2**63)
     min_policy_version: int = Field(ge=0)
     expires_at: float
+    target_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="Thinking budget named in the prompt; the length reward scores against it.",
+    )
 
 
 class LeaseReply(Versioned):
-    lease: Lease | None = Field(description="None when no policy is published yet.")
+    leases: list[Lease] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Up to `count` leases; empty while no policy is published or the pool has "
+        "enough work in flight (retry after `retry_after_s`).",
+    )
+    policy: PolicyInfo | None = Field(
+        default=None, description="The current policy, so a worker sees a new version at once."
+    )
     retry_after_s: float = 0.0
+
+
+LogProb = Annotated[float, Field(allow_inf_nan=False, le=1e-3, ge=-1e4)]
 
 
 class CompletionSample(Message):
@@ -194,6 +225,18 @@ class CompletionSample(Message):
     claimed_reward: float | None = Field(
         default=None, description="Worker's own reward claim; validators recompute it."
     )
+    logprobs: list[LogProb] | None = Field(
+        default=None,
+        max_length=4096,
+        description="The engine's log-prob of each sampled token (tempered), as it sampled. "
+        "Untrusted: the trainer uses it only through a truncated or masked importance weight.",
+    )
+
+    @model_validator(mode="after")
+    def _one_logprob_per_token(self) -> CompletionSample:
+        if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
+            raise ValueError("logprobs must have one entry per token")
+        return self
 
 
 class RolloutSubmission(Versioned):
@@ -227,6 +270,29 @@ class RolloutSubmission(Versioned):
 class SubmitReply(Versioned):
     submission_id: str
     accepted_for_validation: bool = True
+
+
+class SubmissionBatch(Versioned):
+    """Several answered leases in one signed request: one signature check, one standing check
+    and one round trip for the lot (a worker generates its leases as one batch anyway)."""
+
+    worker: Address
+    pool_id: int = Field(ge=1)
+    submissions: list[RolloutSubmission] = Field(min_length=1, max_length=64)
+
+
+class SubmitResult(Message):
+    """The fate of one submission of a batch: what `/v1/submit` would have answered."""
+
+    lease_id: str
+    status: int = Field(description="200 when admitted; otherwise the refusal's HTTP status.")
+    submission_id: str | None = None
+    reason: str | None = Field(default=None, description="Refusal code, as in error replies.")
+    message: str = ""
+
+
+class SubmitBatchReply(Versioned):
+    results: list[SubmitResult]
 
 
 class SubmittedRollout(Versioned):
@@ -269,7 +335,12 @@ class Verdict(Versioned):
 class VerifiedCompletion(Message):
     token_ids: list[int]
     logprobs: list[float] = Field(description="Behaviour-policy logprobs recomputed by validator.")
-    reward: float
+    inference_logprobs: list[float] | None = Field(
+        default=None, description="The worker engine's own log-probs, for the mismatch weight."
+    )
+    reward: float = Field(description="task_reward + length_reward, what the advantage uses.")
+    task_reward: float = Field(description="The environment's score of the answer.")
+    length_reward: float = Field(default=0.0, description="Thinking-budget part (<= 0 or so).")
 
 
 class VerifiedRollout(Versioned):
@@ -283,6 +354,9 @@ class VerifiedRollout(Versioned):
     prompt_token_ids: list[int]
     completions: list[VerifiedCompletion]
     verdict: Verdict
+    submitted_at: float = Field(
+        default_factory=time.time, description="When the orchestrator received it."
+    )
 
 
 # ---------------------------------------------------------------- trainer -> launcher / operators
@@ -293,14 +367,31 @@ class StepProgress(Message):
 
     step: int
     version: int
-    mean_reward: float
+    mean_reward: float = Field(description="Mean total reward of the step's completions.")
+    reward_task: float = Field(default=0.0, description="Mean task part of the reward.")
+    reward_length: float = Field(default=0.0, description="Mean thinking-budget part.")
     groups: int
-    policy_lag_mean: float
+    completions: int = Field(default=0, description="Completions in the step's batch.")
+    policy_lag_mean: float = Field(description="Mean consumption lag (versions) of the batch.")
     policy_lag_max: int
+    lag_histogram: dict[int, int] = Field(
+        default_factory=dict, description="Consumption lag (versions) -> groups, this step."
+    )
+    rollout_age_s: float = Field(default=0.0, description="Mean seconds since submission.")
     stale_dropped: int
+    filtered_total: int = Field(default=0, description="Zero-variance groups dropped so far.")
     accepted_total: int
     rejected_total: int
     loss: float
     clip_frac: float
-    seconds: float
+    stats: dict[str, float] = Field(
+        default_factory=dict,
+        description="Loss statistics: clip fractions, ratio/importance weights, kl, entropy.",
+    )
+    seconds: float = Field(description="Compute time of the step.")
+    idle_s: float = Field(default=0.0, description="Time the step waited for rollouts.")
+    busy_fraction: float = Field(
+        default=0.0, description="Compute share of wall time since the first step (warm-up)."
+    )
+    tokens_per_s: float = Field(default=0.0, description="Completion tokens per compute second.")
     wall: float

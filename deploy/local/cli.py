@@ -11,9 +11,11 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from prime_swarm.deploy import compose_secrets
 from prime_swarm.libs.localnet.process import ProcessFailed
+from prime_swarm.libs.rl.filtering import DEFAULT_BAND
 from prime_swarm.protocol.messages import StepProgress
 
 from .settings import LocalNetworkSettings
@@ -43,6 +45,8 @@ def heldout(model_dir: Path, s: LocalNetworkSettings) -> float:
 
 def run(s: LocalNetworkSettings) -> dict[str, object]:
     import torch
+
+    from prime_swarm.libs.rl.checkpoint import model_dir
 
     from . import report
     from .network import LocalNetwork, new_run_dir, point_latest
@@ -81,7 +85,7 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
     finally:
         net.stop()
     say("evaluating held-out reward of the start and final policies ...")
-    final_dir = run_dir / "checkpoints" / f"v{s.steps}"
+    final_dir = model_dir(run_dir / "checkpoints", s.steps)
     start_r, end_r = heldout(init_dir, s), heldout(final_dir, s)
     summary = {
         "steps": len(rows),
@@ -112,6 +116,140 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
     return summary
 
 
+def _fraction(v: str) -> float:
+    x = float(v)
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(v)
+    return x
+
+
+def _positive(v: str) -> int:
+    n = int(v)
+    if n < 1:
+        raise ValueError(v)
+    return n
+
+
+def _non_negative(v: str) -> float:
+    x = float(v)
+    if not x >= 0.0:  # also refuses nan
+        raise ValueError(v)
+    return x
+
+
+# argparse names a failed `type=` by its __name__: "invalid fraction in [0, 1] value: '2'".
+_fraction.__name__ = "fraction in [0, 1]"
+_positive.__name__ = "positive integer"
+_non_negative.__name__ = "non-negative number"
+
+
+def add_filter_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model-dir",
+        type=Path,
+        help="policy to score with (default: the warm start `prime-swarm up` trains from)",
+    )
+    p.add_argument("--env", help="environment (default: the recipe's, PRIME_RECIPE_ENV)")
+    p.add_argument(
+        "--tasks", type=_positive, default=512, help="train tasks to score (default 512)"
+    )
+    p.add_argument("--samples", type=_positive, default=8, help="completions per task (default 8)")
+    p.add_argument(
+        "--band",
+        nargs=2,
+        type=_fraction,
+        metavar=("LO", "HI"),
+        default=list(DEFAULT_BAND),
+        help=f"pass rates kept, inclusive (default {DEFAULT_BAND[0]} {DEFAULT_BAND[1]})",
+    )
+    p.add_argument(
+        "--temperature",
+        type=_non_negative,
+        help="sampling temperature (default: the recipe's, which the pool samples at)",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=_positive,
+        help="generation cap per completion (default: the recipe's)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="task sample and sampling seed")
+    p.add_argument("--out", type=Path, required=True, help="task list to write (JSON)")
+
+
+def filter_tasks(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> None:
+    """Score `--tasks` train tasks under the policy and write the ones inside `--band`."""
+    from prime_swarm.libs.model.io import load_pretrained
+    from prime_swarm.libs.rl.envs import get_env
+    from prime_swarm.libs.rl.filtering import histogram, keep_band, pass_rates, save_task_list
+    from prime_swarm.libs.rollout.recipe import Recipe
+
+    lo, hi = args.band
+    if lo > hi:
+        fail(f"--band: LO {lo} is above HI {hi}")
+    if args.temperature == 0 and args.samples > 1:
+        fail("--temperature: 0 is greedy, so every sample would agree; use --samples 1")
+    recipe = Recipe()
+    env_name = args.env or recipe.env
+    try:
+        env = get_env(env_name)
+    except KeyError as exc:
+        fail(f"--env: {exc.args[0]}")
+    temperature = recipe.temperature if args.temperature is None else args.temperature
+    model_dir = args.model_dir or prepare_model(LocalNetworkSettings())
+    try:
+        lm = load_pretrained(model_dir)
+    except (OSError, ValueError) as exc:  # ModelDirError is a ValueError
+        fail(f"--model-dir: {exc}")
+    task_ids = [t.task_id for t in env.sample_tasks(args.seed, args.tasks, "train")]
+    try:
+        rates = pass_rates(
+            lm,
+            env,
+            task_ids,
+            samples=args.samples,
+            temperature=temperature,
+            max_new_tokens=args.max_new_tokens or recipe.max_new_tokens,
+            seed=args.seed,
+        )
+    except ValueError as exc:  # e.g. prompt + new tokens past the model's context
+        fail(f"--max-new-tokens: {exc}")
+    kept = keep_band(rates, lo, hi)
+    try:
+        out = save_task_list(
+            args.out,
+            env=env_name,
+            band=(lo, hi),
+            samples=args.samples,
+            policy=Path(model_dir).resolve(),
+            rates=rates,
+            keep=kept,
+        )
+    except OSError as exc:
+        fail(f"--out: {exc}")
+    bins = " ".join(str(c) for c in histogram(rates))
+    print(
+        f"scored {len(rates)} {env_name} tasks x {args.samples} samples, kept {len(kept)} "
+        f"with pass rate in [{lo}, {hi}]; histogram over 5 bins of [0, 1]: {bins}; wrote {out}"
+    )
+    if not kept:
+        # The orchestrator refuses an empty list, so say so now rather than at its start-up.
+        print(
+            "prime-swarm filter-tasks: warning: no task fell in the band; the orchestrator "
+            "will refuse this file",
+            file=sys.stderr,
+        )
+
+
+def _one_line_errors(p: argparse.ArgumentParser) -> None:
+    """Usage errors as one line, not argparse's usage block, so scripts can show them as is."""
+
+    def error(message: str) -> NoReturn:
+        print(f"{p.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+    p.error = error  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="prime-swarm",
@@ -133,9 +271,19 @@ def main(argv: list[str] | None = None) -> None:
         "compose-secrets", help="create the Redis ACL, passwords and keys docker-compose.yml mounts"
     )
     compose_secrets.add_arguments(secrets_cmd)
+    filter_cmd = sub.add_parser(
+        "filter-tasks",
+        help="score train tasks' pass rates under a policy and keep a band (the orchestrator's "
+        "task_file)",
+    )
+    add_filter_arguments(filter_cmd)
+    _one_line_errors(filter_cmd)
     args = parser.parse_args(argv)
     if args.command == "compose-secrets":
         sys.exit(compose_secrets.run(args))
+    if args.command == "filter-tasks":
+        filter_tasks(args, filter_cmd.error)
+        return
     overrides = {k: v for k, v in vars(args).items() if v is not None and k != "command"}
     try:
         settings = LocalNetworkSettings(**overrides)

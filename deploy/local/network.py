@@ -59,6 +59,7 @@ class LocalNetwork:
         self.redis: RedisServer | None = None
         self.anvil: Anvil | None = None
         self.topo = Topology()
+        self._cpu: dict[str, float] = {}
         # One torch thread per process: 3 workers, a validator and a trainer share 2 cores.
         self.env = {
             "OMP_NUM_THREADS": "1",
@@ -179,6 +180,13 @@ class LocalNetwork:
                 "PRIME_ORCH_LEDGER_ADDRESS": t.ledger,
                 "PRIME_ORCH_POOL_ID": str(t.pool_id),
                 "PRIME_ORCH_RELAYS": f'["{t.relay_url}"]',
+                # Groups in flight per trainer step: one step's worth when synchronous; 1.5
+                # when asynchronous - measured (bench/trainer_bench.py) against 1 (a pipeline
+                # too shallow to keep up) and 2 (a third of the work aged past the bound and
+                # was dropped).
+                "PRIME_ORCH_MAX_IN_FLIGHT_GROUPS": str(
+                    self.s.groups_per_step * (3 if self.s.recipe.async_level else 2) // 2
+                ),
             },
         ).wait_http(f"{t.orchestrator_url}/healthz")
         for i in range(self.s.workers):
@@ -201,6 +209,7 @@ class LocalNetwork:
                     "--backend",
                     self.worker_backend(i),
                 ],
+                env={"PRIME_WORKER_LEASE_BATCH": str(self.s.lease_batch)},
             )
         return t
 
@@ -238,6 +247,7 @@ class LocalNetwork:
             for row in rows[seen:]:
                 on_step(row)
             seen = len(rows)
+            self.cpu_seconds()
             if not trainer.alive():
                 if trainer.proc.returncode != 0:
                     raise ProcessFailed(
@@ -271,6 +281,15 @@ class LocalNetwork:
     def attested_units(self) -> int:
         ledger = LedgerClient(self.topo.rpc_url, self.topo.ledger, account=None, timeout=30)
         return ledger.attested_units(self.topo.pool_id)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds used so far by each service process (trainer, validator, workers...);
+        a process that has exited keeps its last reading (`follow` takes one every poll)."""
+        for name, p in self.procs.items():
+            used = p.cpu_seconds()
+            if used is not None:
+                self._cpu[name] = round(used, 2)
+        return dict(self._cpu)
 
     def stop_workers(self) -> None:
         for name in [n for n in self.procs if n.startswith("worker-")] + ["orchestrator"]:

@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from prime_swarm.libs.rl.defaults import RL, WARM_START
 from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.protocol.messages import BackendName
+from prime_swarm.services.worker.settings import WorkerSettings
 
 
 class LocalNetworkSettings(BaseSettings):
@@ -25,6 +26,12 @@ class LocalNetworkSettings(BaseSettings):
         min_length=1,
         description='Generation backend of each worker, cycled over the workers: ["vllm"] '
         'runs all of them on vLLM, ["hf", "vllm"] alternates.',
+    )
+    lease_batch: int = Field(
+        WorkerSettings.model_fields["lease_batch"].default,
+        ge=1,
+        le=64,
+        description="Leases each worker requests and generates at once.",
     )
     steps: int = Field(RL.steps, ge=1, description="Trainer steps before the run ends.")
     groups_per_step: int = Field(RL.prompts_per_step, ge=1, description="Groups per step.")

@@ -43,6 +43,17 @@ class ManagedProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU time the process has used so far (Linux /proc), None if gone.
+
+        Where a run's CPU goes, per service: the figure the trainer benchmark reports."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        # Fields 14 and 15 of stat(5) (utime, stime), counted after the ") state" split.
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def tail(self, n: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])

@@ -20,6 +20,7 @@ from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.io import load_pretrained
 from prime_swarm.libs.shardcast.client import download_version, fetch_manifest
 from prime_swarm.libs.shardcast.relays import RelayPool
+from prime_swarm.protocol.messages import SignedManifest
 
 log = logging.getLogger("policy")
 
@@ -51,6 +52,7 @@ class PolicyStore:
         self.keep, self.timeout_s = keep, timeout_s
         self.dtype, self.device = dtype, device
         self._loaded: OrderedDict[int, LoadedPolicy] = OrderedDict()
+        self._downloaded: dict[int, SignedManifest] = {}  # verified on disk, not yet loaded
         self._lock = threading.Lock()
         self._relays: RelayPool | None = None
 
@@ -65,13 +67,13 @@ class PolicyStore:
         # A relay that served bad bytes or a forged manifest is reported, never trusted again.
         log.warning("relay %s: %s", kind, reason, extra={"fields": {"relay": url}})
 
-    def get(
-        self, version: int, relays: list[str], progress: ProgressFn | None = None
-    ) -> LoadedPolicy:
+    def download(self, version: int, relays: list[str], progress: ProgressFn | None = None) -> None:
+        """Fetch and verify `version`'s files into the cache without loading them. Safe on a
+        background thread: loading is not (transformers switches torch's process-wide default
+        dtype while it builds a model, which breaks a generation running meanwhile)."""
         with self._lock:
-            if version in self._loaded:
-                self._loaded.move_to_end(version)
-                return self._loaded[version]
+            if version in self._loaded or version in self._downloaded:
+                return
         target = self.cache_dir / f"v{version}"
         try:
             pool = self.relay_pool(relays)
@@ -89,6 +91,25 @@ class PolicyStore:
             )
         except Exception as exc:
             raise PolicyError(f"could not fetch policy v{version}: {exc}") from exc
+        with self._lock:
+            self._downloaded[version] = signed
+
+    def is_downloaded(self, version: int) -> bool:
+        with self._lock:
+            return version in self._downloaded or version in self._loaded
+
+    def get(
+        self, version: int, relays: list[str], progress: ProgressFn | None = None
+    ) -> LoadedPolicy:
+        """`version` loaded, downloading it first unless `download` already did."""
+        with self._lock:
+            if version in self._loaded:
+                self._loaded.move_to_end(version)
+                return self._loaded[version]
+        self.download(version, relays, progress)
+        with self._lock:
+            signed = self._downloaded.pop(version)
+        target = self.cache_dir / f"v{version}"
         try:
             lm = load_pretrained(target, dtype=self.dtype, device=self.device)
         except (OSError, ValueError) as exc:

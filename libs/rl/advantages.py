@@ -7,8 +7,11 @@ from collections.abc import Sequence
 import torch
 
 
-def group_advantages(rewards: Sequence[float] | torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """(r - mean) / (std + eps) within one group; all zeros when every reward is equal.
+def group_advantages(
+    rewards: Sequence[float] | torch.Tensor, eps: float = 1e-6, std_normalize: bool = True
+) -> torch.Tensor:
+    """(r - mean) / (std + eps) within one group (r - mean without std_normalize); all zeros
+    when every reward is equal.
 
     std is the population std (divide by n), so a group of two gets advantages of about +-1.
     A zero-std group carries no preference, and dividing its ~0 deviations by eps would only
@@ -20,8 +23,11 @@ def group_advantages(rewards: Sequence[float] | torch.Tensor, eps: float = 1e-6)
     std = r.std(unbiased=False)
     if float(std) <= eps:
         return torch.zeros_like(r)
-    return (r - r.mean()) / (std + eps)
+    centred = r - r.mean()
+    return centred / (std + eps) if std_normalize else centred
 
 
-def batch_advantages(groups: Sequence[Sequence[float]], eps: float = 1e-6) -> list[torch.Tensor]:
-    return [group_advantages(g, eps) for g in groups]
+def is_informative(rewards: Sequence[float], eps: float = 1e-6) -> bool:
+    """False for a zero-variance group: its advantages are all zero, it carries no gradient
+    (the online filter drops it and refills the batch)."""
+    return len(rewards) > 1 and max(rewards) - min(rewards) > eps

@@ -30,7 +30,6 @@ class RLConfig(BaseModel):
 
     prompts_per_step: int = Field(16, description="Groups consumed by one trainer step.")
     lr: float = Field(5e-4, description="AdamW learning rate for GRPO.")
-    clip_eps: float = Field(0.2, description="PPO ratio clipping epsilon.")
     max_grad_norm: float = Field(1.0, description="Gradient clipping norm.")
     steps: int = Field(35, description="Trainer steps in the local run.")
     eval_tasks: int = Field(200, description="Held-out tasks per evaluation (greedy).")

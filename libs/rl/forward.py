@@ -70,3 +70,118 @@ def forward_completions(
     """`completion_hidden` plus the fp32 logits over it: (logits, hidden, targets, mask)."""
     hidden, targets, mask = completion_hidden(lm, pairs)
     return lm.head_logits(hidden), hidden, targets, mask
+
+
+# ---------------------------------------------------------------------- packing
+#
+# Padding every sequence to the longest wastes the forward on pad tokens when lengths vary (as
+# GRPO completions do). Packing lays several sequences end to end in one row instead. transformers
+# 5 handles the rest from the position ids alone: with no 2D attention mask, `create_causal_mask`
+# reads a restart of position_ids as a sequence boundary and builds a block-diagonal causal mask
+# (sdpa, eager, flex), and RoPE sees each sequence from position 0, as the padded forward does.
+
+
+class RowPacker:
+    """First-fit rows of `width` tokens; fed longest first, this is first-fit decreasing.
+
+    Shared by `pack_rows` and the trainer's micro-batching, so a micro-batch is cut exactly where
+    the forward's own packing would need one row too many.
+    """
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.rows: list[list[int]] = []
+        self.free: list[int] = []
+
+    def slot(self, n: int) -> int | None:
+        """The first row with room for `n` tokens, or None (a new row is needed)."""
+        return next((r for r, space in enumerate(self.free) if n <= space), None)
+
+    def add(self, index: int, n: int) -> None:
+        r = self.slot(n)
+        if r is None:
+            # A new row; a sequence longer than the width fills it alone.
+            self.rows.append([])
+            self.free.append(self.width)
+            r = len(self.rows) - 1
+        self.rows[r].append(index)
+        self.free[r] -= n
+
+
+def pack_rows(lengths: Sequence[int], width: int) -> list[list[int]]:
+    """Indices of `lengths` grouped into rows of at most `width` tokens (first-fit decreasing;
+    ties keep their order, so equal inputs always pack alike)."""
+    packer = RowPacker(width)
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        packer.add(i, lengths[i])
+    return packer.rows
+
+
+def _one_row_only(lm: CausalLM) -> bool:
+    """Whether this model's attention needs everything in one packed row; refuses attentions
+    that would ignore the packing (sequences would silently see each other)."""
+    impl = getattr(lm.module.config, "_attn_implementation", None) or "eager"
+    if impl in ("sdpa", "eager", "flex_attention"):
+        # `create_causal_mask` turns restarted position ids into a block-diagonal mask.
+        return False
+    if "flash" in impl:
+        # The flash path reads packed position ids (as cu_seq_lens) only in a batch of one row.
+        return True
+    raise ValueError(f"packing is not supported with attention {impl!r}; set packing=False")
+
+
+def completion_hidden_packed(
+    lm: CausalLM, pairs: Sequence[PromptCompletion], row_tokens: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`completion_hidden` over packed rows: the same (hidden [N,L,C], targets [N,L], mask
+    [N,L]), in the order of `pairs`.
+
+    Rows are `row_tokens` wide, or as wide as the longest sequence (then attention, quadratic
+    in the row on sdpa/eager, never costs more than the padded forward's). Under flash attention
+    everything goes in one row.
+    """
+    if any(len(p) == 0 for p, _ in pairs):
+        raise ValueError("every prompt needs at least one token")
+    device = lm.device
+    seqs = [[*p, *c] for p, c in pairs]
+    lengths = [len(s) for s in seqs]
+    width = max([*lengths, row_tokens or 0])
+    if _one_row_only(lm):
+        rows, width = [list(range(len(seqs)))], sum(lengths)
+    else:
+        rows = pack_rows(lengths, width)
+    ids = torch.full((len(rows), width), lm.pad_id, dtype=torch.long)
+    positions = torch.zeros((len(rows), width), dtype=torch.long)
+    start = [0] * len(seqs)  # where each sequence begins in the flattened [rows*width] layout
+    for r, row in enumerate(rows):
+        offset = 0
+        for i in row:
+            n = lengths[i]
+            ids[r, offset : offset + n] = torch.as_tensor(seqs[i], dtype=torch.long)
+            positions[r, offset : offset + n] = torch.arange(n)
+            start[i] = r * width + offset
+            offset += n
+        # The tail restarts at 0 too: a block of its own, after every real token (causal), so
+        # no real token ever attends to it.
+        positions[r, offset:] = torch.arange(width - offset)
+    ids, positions = ids.to(device), positions.to(device)
+    hidden = lm.final_hidden(ids, None, positions).reshape(len(rows) * width, -1)
+    flat_ids = ids.reshape(-1)
+    n_comp = torch.tensor([len(c) for _, c in pairs], device=device)
+    k = torch.arange(int(n_comp.max()) if len(pairs) else 0, device=device)
+    mask = k[None, :] < n_comp[:, None]
+    # Positions past a completion's end repeat its last row: finite values the mask drops,
+    # and never a neighbour's (which would still be harmless, but this keeps rows independent).
+    first = torch.tensor([s + len(p) - 1 for s, (p, _) in zip(start, pairs, strict=True)])
+    first = first.to(device)
+    src = first[:, None] + torch.minimum(k[None, :], (n_comp[:, None] - 1).clamp(min=0))
+    targets = flat_ids[(src + 1).clamp(max=flat_ids.numel() - 1)].masked_fill(~mask, 0)
+    return hidden[src], targets, mask
+
+
+def forward_completions_packed(
+    lm: CausalLM, pairs: Sequence[PromptCompletion], row_tokens: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`forward_completions` with packed rows: the same (logits, hidden, targets, mask)."""
+    hidden, targets, mask = completion_hidden_packed(lm, pairs, row_tokens)
+    return lm.head_logits(hidden), hidden, targets, mask

@@ -1,40 +1,82 @@
-"""One GRPO optimizer step over verified rollouts, as the trainer service calls it."""
+"""One GRPO optimizer step over verified rollouts, as the trainer service calls it.
+
+A step is planned (advantages per group, the token denominator), then accumulated over
+micro-batches that each hold at most `micro_batch_tokens` padded tokens, then applied (clip,
+optimizer, scheduler). The parts are separate so the distributed step (distributed.py) can plan
+the whole batch on every rank and accumulate only its own share.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.rl.advantages import group_advantages
 from prime_swarm.libs.rl.defaults import RL
-from prime_swarm.libs.rl.forward import forward_completions
-from prime_swarm.libs.rl.logprobs import token_logprobs
-from prime_swarm.libs.rl.loss import grpo_loss
+from prime_swarm.libs.rl.forward import (
+    PromptCompletion,
+    RowPacker,
+    forward_completions,
+    forward_completions_packed,
+)
+from prime_swarm.libs.rl.logprobs import scale_logits, token_logprobs
+from prime_swarm.libs.rl.loss import LossConfig, grpo_loss, merge_stats, token_entropy
 
 
 @dataclass
 class Rollout:
     prompt_ids: list[int]
     completion_ids: list[int]
-    # From the policy version that generated it (recomputed by the validator), one per token.
-    behaviour_logprobs: list[float]
+    # The generating policy version under the trainer's kind of forward (the validator's
+    # recomputation), one per token: the PPO ratio's denominator.
+    old_logprobs: list[float]
     reward: float
     # The lease's temperature: the ratio compares the same tempered distributions it sampled.
     temperature: float = 1.0
+    # What the worker's engine reported while sampling; None when it reported nothing.
+    inference_logprobs: list[float] | None = None
 
 
 # All rollouts of a group answer the same prompt; advantages are computed within a group.
 RolloutGroup = Sequence[Rollout]
 
 
+class GRPOConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    loss: LossConfig = Field(default_factory=LossConfig, description="The token loss.")
+    max_grad_norm: float = Field(RL.max_grad_norm, gt=0, description="Gradient clipping norm.")
+    micro_batch_tokens: int = Field(
+        8192,
+        ge=1,
+        description="Padded tokens per forward/backward; a step accumulates as many micro-batches "
+        "as it needs, so the step's batch size is not bounded by activation memory.",
+    )
+    packing: bool = Field(
+        True,
+        description="Lay several sequences end to end in each row (position ids restart per "
+        "sequence, a block-diagonal causal mask keeps them apart) instead of padding every one "
+        "to the longest. The same gradients up to float reordering, less compute spent on "
+        "padding when lengths vary (a tiny-model CPU step at the default budget: 1.3-2.8x "
+        "faster). Needs an attention with packed-sequence support (sdpa, eager, flex, flash).",
+    )
+
+
 @dataclass
-class GRPOConfig:
-    clip_eps: float = RL.clip_eps
-    max_grad_norm: float = RL.max_grad_norm
-    adv_eps: float = 1e-6
+class Item:
+    rollout: Rollout
+    advantage: float
+
+
+@dataclass
+class StepPlan:
+    items: list[Item]
+    denominator: float
+    stats: dict[str, float] = field(default_factory=dict)
 
 
 def make_optimizer(model: CausalLM, lr: float = RL.lr) -> torch.optim.Optimizer:
@@ -42,51 +84,197 @@ def make_optimizer(model: CausalLM, lr: float = RL.lr) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.module.parameters(), lr=lr, weight_decay=0.0)
 
 
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, warmup_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over `warmup_steps`, then constant (RL steps are few and noisy: no decay)."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: min(1.0, (k + 1) / warmup_steps) if warmup_steps else 1.0
+    )
+
+
+def plan_step(
+    batch: Sequence[RolloutGroup], cfg: GRPOConfig, constant_tokens: int | None = None
+) -> StepPlan:
+    """Advantages per group; rollouts with zero advantage are left out of the forward (they add
+    no gradient and would only dilute the token mean). `constant_tokens` is the denominator of
+    the 'constant' normalization (the step's token capacity)."""
+    items: list[Item] = []
+    for group in batch:
+        for r in group:
+            n = len(r.completion_ids)
+            if len(r.old_logprobs) != n or (
+                r.inference_logprobs is not None and len(r.inference_logprobs) != n
+            ):
+                raise ValueError("log-probs must have one entry per completion token")
+        adv = group_advantages([r.reward for r in group], cfg.loss.adv_eps, cfg.loss.std_normalize)
+        items += [Item(r, float(a)) for r, a in zip(group, adv, strict=True) if a != 0.0]
+    tokens = sum(len(i.rollout.completion_ids) for i in items)
+    if cfg.loss.normalize == "constant":
+        if not constant_tokens:
+            raise ValueError("constant normalization needs the step's token capacity")
+        denominator = float(constant_tokens)
+    else:
+        denominator = float(max(tokens, 1))
+    rewards = [r.reward for g in batch for r in g]
+    stats = {
+        "reward_mean": sum(rewards) / max(len(rewards), 1),
+        "groups": float(len(batch)),
+        "rollouts_used": float(len(items)),
+    }
+    return StepPlan(items, denominator, stats)
+
+
+# What a micro-batch's forward returns: (logits, hidden, targets, mask), [N, L, ...] per pair.
+Forward = Callable[
+    [CausalLM, Sequence[PromptCompletion]],
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+]
+
+
+def item_tokens(item: Item) -> int:
+    """Prompt plus completion: the tokens the item's forward runs over."""
+    return len(item.rollout.prompt_ids) + len(item.rollout.completion_ids)
+
+
+def micro_batches(items: Sequence[Item], budget_tokens: int) -> list[list[Item]]:
+    """Items sorted by length (little padding), cut so each padded batch fits the budget."""
+    ordered = sorted(items, key=item_tokens)
+    out: list[list[Item]] = []
+    current: list[Item] = []
+    for item in ordered:
+        width = item_tokens(item)
+        if current and width * (len(current) + 1) > budget_tokens:
+            out.append(current)
+            current = []
+        current.append(item)
+    if current:
+        out.append(current)
+    return out
+
+
+def packed_micro_batches(items: Sequence[Item], budget_tokens: int) -> list[list[Item]]:
+    """Items longest first, cut so each micro-batch's packed rows (as wide as its longest
+    sequence, filled first-fit as `forward_completions_packed` fills them) hold at most
+    `budget_tokens` tokens, padding included."""
+    out: list[list[Item]] = []
+    current: list[Item] = []
+    packer = RowPacker(0)
+    for item in sorted(items, key=item_tokens, reverse=True):
+        n = item_tokens(item)
+        rows = len(packer.rows) + (packer.slot(n) is None)
+        if current and rows * packer.width > budget_tokens:
+            out.append(current)
+            current = []
+        if not current:
+            packer = RowPacker(n)
+        packer.add(len(current), n)
+        current.append(item)
+    if current:
+        out.append(current)
+    return out
+
+
+def split_micro_batches(items: Sequence[Item], cfg: GRPOConfig) -> list[list[Item]]:
+    """The step's micro-batches as `cfg` lays them out (padded or packed)."""
+    split = packed_micro_batches if cfg.packing else micro_batches
+    return split(items, cfg.micro_batch_tokens)
+
+
+def completion_forward(cfg: GRPOConfig) -> Forward:
+    """The forward `cfg` asks for: packed rows or right-padded ones (the same outputs)."""
+    return forward_completions_packed if cfg.packing else forward_completions
+
+
+def _column(values: Sequence[Sequence[float]], like: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(like)
+    for i, v in enumerate(values):
+        out[i, : len(v)] = torch.tensor(v, dtype=like.dtype)
+    return out
+
+
+def micro_batch_loss(
+    model: CausalLM,
+    mb: Sequence[Item],
+    denominator: float,
+    cfg: GRPOConfig,
+    ref_model: CausalLM | None = None,
+    forward: Forward | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """One micro-batch's share of the step loss (divided by the whole step's denominator) and
+    its stats, not yet backpropagated. `forward` defaults to `completion_forward(cfg)`."""
+    forward = forward or completion_forward(cfg)
+    rollouts = [i.rollout for i in mb]
+    pairs = [(r.prompt_ids, r.completion_ids) for r in rollouts]
+    logits, _, targets, mask = forward(model, pairs)
+    temps = torch.tensor([r.temperature for r in rollouts], device=logits.device)
+    logprobs = token_logprobs(logits, targets, temps[:, None])
+    old = _column([r.old_logprobs for r in rollouts], logprobs)
+    inference = None
+    if all(r.inference_logprobs is not None for r in rollouts):
+        inference = _column([r.inference_logprobs or [] for r in rollouts], logprobs)
+    ref = None
+    if ref_model is not None and cfg.loss.kl_coef > 0:
+        with torch.no_grad():
+            ref_logits, _, _, _ = forward(ref_model, pairs)
+            ref = token_logprobs(ref_logits, targets, temps[:, None])
+    entropy = None
+    if cfg.loss.entropy_coef > 0:
+        entropy = token_entropy(scale_logits(logits, temps[:, None]))
+    advantages = torch.tensor([i.advantage for i in mb], device=logprobs.device)
+    return grpo_loss(
+        logprobs,
+        old,
+        advantages,
+        mask,
+        cfg.loss,
+        inference_logprobs=inference,
+        ref_logprobs=ref,
+        entropy=entropy,
+        denominator=denominator,
+    )
+
+
+def accumulate(
+    model: CausalLM,
+    items: Sequence[Item],
+    denominator: float,
+    cfg: GRPOConfig,
+    ref_model: CausalLM | None = None,
+) -> list[dict[str, float]]:
+    """Forward and backward every micro-batch; gradients add up in the parameters."""
+    parts = []
+    for mb in split_micro_batches(items, cfg):
+        loss, stats = micro_batch_loss(model, mb, denominator, cfg, ref_model)
+        loss.backward()
+        parts.append(stats)
+    return parts
+
+
 def grpo_step(
     model: CausalLM,
     optimizer: torch.optim.Optimizer,
     batch: Sequence[RolloutGroup],
     cfg: GRPOConfig | None = None,
+    *,
+    ref_model: CausalLM | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    constant_tokens: int | None = None,
 ) -> dict[str, float]:
-    """Advantages per group, one padded forward, clipped loss, backward, clip, step.
-
-    Rollouts with zero advantage (groups whose samples all scored the same) are left out of the
-    forward: they add no gradient and would only dilute the token mean.
-    """
+    """Plan, accumulate, clip, step. With nothing to learn from (every group zero-variance) the
+    weights stay as they are and the version still advances."""
     cfg = cfg or GRPOConfig()
-    rewards = [r.reward for g in batch for r in g]
-    used: list[tuple[Rollout, float]] = []
-    for group in batch:
-        adv = group_advantages([r.reward for r in group], cfg.adv_eps)
-        used += [(r, float(a)) for r, a in zip(group, adv, strict=True) if a != 0.0]
-    stats = {
-        "reward_mean": sum(rewards) / max(len(rewards), 1),
-        "groups": float(len(batch)),
-        "rollouts_used": float(len(used)),
-        "loss": 0.0,
-        "clip_frac": 0.0,
-        "mean_ratio": 1.0,
-        "grad_norm": 0.0,
-        "tokens": 0.0,
-    }
-    if not used:
-        return stats  # nothing to learn from; the version still advances with unchanged weights
+    plan = plan_step(batch, cfg, constant_tokens)
+    stats = {**plan.stats, **merge_stats([], plan.denominator), "grad_norm": 0.0}
+    if not plan.items:
+        return stats
     model.module.train()
-    pairs = [(r.prompt_ids, r.completion_ids) for r, _ in used]
-    logits, _, targets, mask = forward_completions(model, pairs)
-    temps = torch.tensor([r.temperature for r, _ in used], device=logits.device)
-    logprobs = token_logprobs(logits, targets, temps[:, None])
-    old = torch.zeros_like(logprobs)
-    for i, (r, _) in enumerate(used):
-        if len(r.behaviour_logprobs) != len(r.completion_ids):
-            raise ValueError("behaviour_logprobs must have one entry per completion token")
-        old[i, : len(r.behaviour_logprobs)] = torch.tensor(r.behaviour_logprobs)
-    advantages = torch.tensor([a for _, a in used], device=logprobs.device)
-    loss, loss_stats = grpo_loss(logprobs, old, advantages, mask, clip_eps=cfg.clip_eps)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    parts = accumulate(model, plan.items, plan.denominator, cfg, ref_model)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.module.parameters(), cfg.max_grad_norm)
     optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
     model.module.eval()
-    stats.update(loss_stats, grad_norm=float(grad_norm))
+    stats.update(merge_stats(parts, plan.denominator), grad_norm=float(grad_norm))
     return stats

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import defaultdict
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -77,6 +79,7 @@ class PendingSubmission:
                 finish_reason=c.finish_reason,
                 proof=proof,
                 claimed_reward=reward,
+                logprobs=c.logprobs,
             )
             for c, proof, reward in zip(self.completions, proofs, self.rewards, strict=True)
         ]
@@ -94,37 +97,55 @@ class PendingSubmission:
         )
 
 
+def start_leases(
+    policy: LoadedPolicy, leases: Sequence[Lease], backend: GenerationBackend, builder: ProofBuilder
+) -> list[PendingSubmission]:
+    """Generate every lease now, one backend call per sampling setting (a batch of 8 prompts
+    costs about a fifth per completion of 8 single-prompt calls on CPU); hand the proofs to the
+    background builder and return at once."""
+    tok = policy.lm.tokenizer
+    by_sampling: dict[tuple[int, int, float], list[Lease]] = defaultdict(list)
+    for lease in leases:
+        s = lease.sampling
+        by_sampling[(lease.group_size, s.max_new_tokens, s.temperature)].append(lease)
+    out: dict[str, PendingSubmission] = {}
+    for (group_size, max_new_tokens, temperature), batch in by_sampling.items():
+        prompts = [prompt_ids(tok, lease.prompt) for lease in batch]
+        t0 = time.perf_counter()
+        groups = backend.generate(
+            policy.lm,
+            prompts,
+            [lease.seed for lease in batch],
+            group_size=group_size,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+        )
+        builder.timer.add(gen=time.perf_counter() - t0)
+        for lease, prompt, completions in zip(batch, prompts, groups, strict=True):
+            env = get_env(lease.env)
+            task = env.task_from_id(lease.task_id)
+            contexts = group_contexts(
+                policy.model_hash, lease.lease_id, [c.token_ids for c in completions]
+            )
+            future = builder.submit([c.hidden for c in completions], contexts)
+            rewards = [env.reward(task, decode(tok, c.token_ids)) for c in completions]
+            out[lease.lease_id] = PendingSubmission(
+                lease,
+                policy.version,
+                backend.name,
+                backend.precision,
+                prompt,
+                completions,
+                rewards,
+                future,
+            )
+    return [out[lease.lease_id] for lease in leases]
+
+
 def start_lease(
     policy: LoadedPolicy, lease: Lease, backend: GenerationBackend, builder: ProofBuilder
 ) -> PendingSubmission:
-    """Generate now; hand the proofs to the background builder and return at once."""
-    tok = policy.lm.tokenizer
-    env = get_env(lease.env)
-    task = env.task_from_id(lease.task_id)
-    prompt = prompt_ids(tok, lease.prompt)
-    t0 = time.perf_counter()
-    (completions,) = backend.generate(
-        policy.lm,
-        [prompt],
-        [lease.seed],
-        group_size=lease.group_size,
-        max_new_tokens=lease.sampling.max_new_tokens,
-        temperature=lease.sampling.temperature,
-    )
-    builder.timer.add(gen=time.perf_counter() - t0)
-    contexts = group_contexts(policy.model_hash, lease.lease_id, [c.token_ids for c in completions])
-    future = builder.submit([c.hidden for c in completions], contexts)
-    rewards = [env.reward(task, decode(tok, c.token_ids)) for c in completions]
-    return PendingSubmission(
-        lease,
-        policy.version,
-        backend.name,
-        backend.precision,
-        prompt,
-        completions,
-        rewards,
-        future,
-    )
+    return start_leases(policy, [lease], backend, builder)[0]
 
 
 def answer_lease(

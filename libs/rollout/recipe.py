@@ -7,8 +7,12 @@ staleness bound can never drift apart. Settings only one service uses live in th
 
 from __future__ import annotations
 
+import json
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from prime_swarm.libs.rl.reward import LengthReward
 
 
 class Recipe(BaseSettings):
@@ -26,7 +30,14 @@ class Recipe(BaseSettings):
         description="Rollouts of policy v are admitted while v >= trainer step - async_level "
         "(INTELLECT-2's two-step asynchrony).",
     )
+    length_reward: LengthReward = Field(
+        default_factory=LengthReward,
+        description="Thinking budgets in prompts and the length reward (off unless budgets).",
+    )
 
     def env_vars(self) -> dict[str, str]:
         """This recipe as the environment variables that reproduce it in another process."""
-        return {f"PRIME_RECIPE_{k.upper()}": str(v) for k, v in self.model_dump().items()}
+        return {
+            f"PRIME_RECIPE_{k.upper()}": v if isinstance(v, str) else json.dumps(v)
+            for k, v in self.model_dump().items()
+        }

@@ -18,6 +18,7 @@ from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rl.forward import PromptCompletion, completion_hidden
 from prime_swarm.libs.rl.logprobs import token_logprobs
+from prime_swarm.libs.rl.reward import LengthReward, RewardParts, score
 from prime_swarm.libs.toploc import (
     VerifyResult,
     group_contexts,
@@ -99,7 +100,7 @@ class CompletionEvidence:
     proof: VerifyResult
     max_replay_gap: float
     first_bad_position: int | None
-    reward: float
+    reward: RewardParts
     logprobs: list[float]
 
 
@@ -109,8 +110,10 @@ def measure_group(
     policy: LoadedPolicy,
     hiddens: Sequence[torch.Tensor],
     acceptance: Acceptance,
+    length: LengthReward | None = None,
 ) -> list[CompletionEvidence]:
     """Recompute everything the verdict rests on, from the validator's own hidden states."""
+    length = length or LengthReward()
     sub, lease = entry.submission, entry.lease
     # The head in the declared precision too: the worker's logits came from those weights.
     lm = policy.lm.cast(sub.precision)
@@ -134,7 +137,12 @@ def measure_group(
                 proof=proof,
                 max_replay_gap=float(gaps.max()),
                 first_bad_position=int(bad[0, 0]) if len(bad) else None,
-                reward=env.reward(task, decode(lm.tokenizer, c.token_ids)),
+                reward=score(
+                    env.reward(task, decode(lm.tokenizer, c.token_ids)),
+                    len(c.token_ids),
+                    lease.target_tokens,
+                    length,
+                ),
                 logprobs=token_logprobs(logits, tokens, temperature).tolist(),
             )
         )
@@ -178,12 +186,19 @@ def judge_group(
                 f"completion {i} ({c.finish_reason}) does not stop at its first EOS or at "
                 f"max_new_tokens={lease.sampling.max_new_tokens}",
             )
-        if c.claimed_reward is not None and abs(c.claimed_reward - ev.reward) > reward_tolerance:
-            raise Refusal(
-                "reward_mismatch", f"completion {i} claims {c.claimed_reward}, scores {ev.reward}"
-            )
+        # The worker claims the task score only: the length part needs no pool settings.
+        claimed, task = c.claimed_reward, ev.reward.task
+        if claimed is not None and abs(claimed - task) > reward_tolerance:
+            raise Refusal("reward_mismatch", f"completion {i} claims {claimed}, scores {task}")
         out.append(
-            VerifiedCompletion(token_ids=c.token_ids, logprobs=ev.logprobs, reward=ev.reward)
+            VerifiedCompletion(
+                token_ids=c.token_ids,
+                logprobs=ev.logprobs,
+                inference_logprobs=c.logprobs,
+                reward=ev.reward.total,
+                task_reward=task,
+                length_reward=ev.reward.length,
+            )
         )
     return out
 
@@ -194,10 +209,11 @@ def check_completions(
     hiddens: Sequence[torch.Tensor],
     reward_tolerance: float = 1e-6,
     acceptance: Acceptance | None = None,
+    length: LengthReward | None = None,
 ) -> list[VerifiedCompletion]:
     """Measure and judge a group against the limits calibrated for its prover engine."""
     acceptance = acceptance or acceptance_for(entry.submission.backend)
     if acceptance is None:
         raise Refusal("malformed", f"no calibrated limits for backend {entry.submission.backend!r}")
-    evidence = measure_group(entry, policy, hiddens, acceptance)
+    evidence = measure_group(entry, policy, hiddens, acceptance, length)
     return judge_group(entry, policy, evidence, acceptance, reward_tolerance)

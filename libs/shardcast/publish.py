@@ -14,7 +14,7 @@ from prime_swarm.protocol.manifest_signing import sign_manifest
 from prime_swarm.protocol.messages import FileEntry, RelayVersions, ShardInfo, SignedManifest
 
 from . import routes
-from .client import make_http_client
+from .client import fetch_manifest, list_versions, make_http_client
 from .errors import PublishError
 from .manifest import DEFAULT_SHARD_SIZE, build_manifest, iter_shard_bytes
 
@@ -37,14 +37,18 @@ def publish_version(
     """Upload `model_dir` as `version`; returns once the origin lists it as complete.
 
     Re-running after a failure is safe: the origin treats an identical manifest and shards as
-    no-ops. Edits to the directory during the upload are caught by the origin's hash checks.
+    no-ops, and a version it already holds complete with these very files (a publisher killed
+    after the upload, before it recorded success) is returned as it is. Edits to the directory
+    during the upload are caught by the origin's hash checks.
     """
     model_dir = Path(model_dir)
-    signed = sign_manifest(
-        build_manifest(model_dir, version, parent_version, shard_size, account.address), account
-    )
+    manifest = build_manifest(model_dir, version, parent_version, shard_size, account.address)
     client = http or make_http_client(timeout, max_connections=max_workers + 2)
     try:
+        held = _already_complete(client, origin_url, manifest.model_hash, version, account, timeout)
+        if held is not None:
+            return held
+        signed = sign_manifest(manifest, account)
         _put(
             client,
             routes.join(origin_url, routes.manifest_path(version)),
@@ -73,6 +77,24 @@ def publish_version(
     finally:
         if http is None:
             client.close()
+
+
+def _already_complete(
+    http: httpx.Client,
+    origin_url: str,
+    model_hash: str,
+    version: int,
+    account: LocalAccount,
+    timeout: float,
+) -> SignedManifest | None:
+    """The origin's own signed manifest when it holds `version` complete with our files; a
+    different model under the same version is a conflict no retry can mend."""
+    if version not in list_versions(origin_url, timeout_s=timeout, http=http).versions:
+        return None
+    held = fetch_manifest([origin_url], version, account.address, timeout, http=http)
+    if held.manifest.model_hash != model_hash:
+        raise PublishError(f"origin holds another model as version {version}")
+    return held
 
 
 def _put_shard(

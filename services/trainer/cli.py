@@ -39,9 +39,20 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(settings.threads)
     # SIGTERM from a launcher or orchestrator of processes: exit between steps, via SystemExit.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    from .loop import Trainer  # torch-heavy import after argument errors are reported
+    from prime_swarm.libs.rl.distributed import close_distributed, init_distributed
 
-    trainer = Trainer(settings, load_or_create_key(settings.key_file))
+    from .follower import follow
+    from .loop import Trainer  # torch-heavy imports after argument errors are reported
+
+    # Under torchrun every rank runs this; rank 0 is the trainer, the others its FSDP2 peers.
+    ctx = init_distributed(init_method=settings.dist_init_method)
+    if not ctx.is_main:
+        try:
+            follow(settings, ctx)
+        finally:
+            close_distributed(ctx)
+        return
+    trainer = Trainer(settings, load_or_create_key(settings.key_file), ctx)
     if settings.metrics_port:
         serve_observability(
             settings.metrics_host,
@@ -52,6 +63,8 @@ def main(argv: list[str] | None = None) -> None:
         trainer.run()
     except KeyboardInterrupt:
         log.info("interrupted")
+    finally:
+        close_distributed(ctx)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,32 @@
-"""The trainer: verified rollouts in, one GRPO step, a signed new policy version out."""
+"""The trainer: verified rollouts in, one GRPO step, a signed new policy version out.
+
+The loop only collects and computes. Checkpointing, acknowledging and publishing run on the
+Persister's thread (persist.py), so a slow upload never stalls the next step.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 import time
-from pathlib import Path
+from collections import Counter
 
 import redis
 import torch
 from eth_account.signers.local import LocalAccount
 
-from prime_swarm.libs.model.io import load_pretrained, save_pretrained
-from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, grpo_step, make_optimizer
+from prime_swarm.libs.model.io import load_pretrained
+from prime_swarm.libs.rl import checkpoint as ckpt
+from prime_swarm.libs.rl.advantages import is_informative
+from prime_swarm.libs.rl.distributed import (
+    DistContext,
+    broadcast_batch,
+    distributed_step,
+    full_optimizer_state_dict,
+    full_state_dict,
+    load_full_optimizer_state_dict,
+    shard_model,
+)
+from prime_swarm.libs.rl.grpo import Rollout, make_optimizer, make_scheduler
 from prime_swarm.libs.rollout.admission import is_fresh
 from prime_swarm.libs.shardcast.publish import publish_version
 from prime_swarm.libs.shardcast.routes import manifest_path
@@ -22,16 +35,24 @@ from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import PolicyAnnouncement, StepProgress, VerifiedRollout
 
 from . import metrics, progress
+from .persist import TRAINED, Persister, Snapshot
 from .settings import TrainerSettings
 
 log = logging.getLogger("trainer")
-TRAINED = "trainer:trained_submissions"
+__all__ = ["TRAINED", "Trainer"]
 
 
 class Trainer:
-    def __init__(self, settings: TrainerSettings, account: LocalAccount) -> None:
+    """Rank 0 of the trainer: it alone reads Redis, checkpoints and publishes. Under torchrun
+    the other ranks run `follow` (follower.py) and take each batch from it by broadcast; in a
+    single process `ctx` is the default one and every collective is a no-op."""
+
+    def __init__(
+        self, settings: TrainerSettings, account: LocalAccount, ctx: DistContext | None = None
+    ) -> None:
         self.s, self.account = settings, account
-        torch.manual_seed(settings.seed)
+        self.ctx = ctx or DistContext(0, 1, torch.device("cpu"))
+        self.root = settings.checkpoint_dir
         self.r = redis.Redis.from_url(settings.redis_url, socket_timeout=30)
         self.reader = GroupReader(
             self.r,
@@ -41,163 +62,262 @@ class Trainer:
             VerifiedRollout,
             min_idle_ms=settings.reclaim_idle_ms,
         )
-        self.step = 0
-        self.model = load_pretrained(self._resume_point())
-        self.opt = make_optimizer(self.model, lr=settings.lr)
-        self.cfg = GRPOConfig(clip_eps=settings.clip_eps, max_grad_norm=settings.max_grad_norm)
-        self.stale_dropped = 0
-        self.started = time.time()
+        self.cfg = settings.grpo
+        self.counters: dict[str, float] = {"stale": 0, "filtered": 0, "busy_s": 0.0, "wall_s": 0.0}
+        torch.manual_seed(settings.seed)
+        self.step, self.model, self.opt, self.sched = self._resume()
+        self.ref = load_pretrained(ckpt.model_dir(self.root, 0)) if settings.loss.kl_coef else None
+        # Entries this consumer read before a restart and never acknowledged come first.
+        self._backlog: list[Entry[VerifiedRollout]] = self._own_pending()
         latest = self._latest_announcement()
+        self._last_published: int | None = latest.version if latest else None
         if latest is None or latest.version < self.step:
-            # A fresh start, or a crash after saving a version but before announcing it.
-            self.publish()
+            self.publish(self.step)  # a fresh start, or a crash between saving and announcing
+        self.persister = Persister(self.r, self._save, self.publish, start_version=self.step)
+        self._last_step_end: float | None = None
+        self.started = time.time()
         log.info("trainer ready", extra={"fields": {"step": self.step}})
 
-    def _resume_point(self) -> Path:
-        """Continue from the newest local checkpoint; remember which groups it was trained on.
+    # ------------------------------------------------------------------ state
+    def _resume(
+        self,
+    ) -> tuple[int, object, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+        """Continue from the newest complete checkpoint; the trained ids of every saved version
+        go back into the trained set (they may not have reached Redis before a crash)."""
+        versions = ckpt.saved_versions(self.root)
+        for v in versions:
+            state = ckpt.load_state(self.root, v)
+            if state and state.trained:
+                self.r.sadd(TRAINED, *state.trained)
+        if not versions:
+            model = load_pretrained(self.s.init_model_dir)
+            step, state = 0, ckpt.TrainerState(step=0)
+            ckpt.save_checkpoint(self.root, model.module, model.tokenizer, state)
+        else:
+            step = versions[-1]
+            model = load_pretrained(ckpt.model_dir(self.root, step))
+            state = ckpt.load_state(self.root, step) or ckpt.TrainerState(step=step)
+        # Followers load the same directory, then shard and step in lockstep with rank 0.
+        source = self.s.init_model_dir if not versions else ckpt.model_dir(self.root, step)
+        broadcast_batch((step, str(source), state.scheduler), self.ctx)
+        shard_model(model, self.ctx)
+        opt = make_optimizer(model, lr=self.s.lr)  # after sharding: it holds the shards
+        sched = make_scheduler(opt, self.s.warmup_steps)
+        if self.ctx.distributed or state.optimizer:
+            load_full_optimizer_state_dict(model, opt, state.optimizer, self.ctx)
+        if state.scheduler:
+            sched.load_state_dict(state.scheduler)
+        if state.rng:
+            ckpt.restore_rng(state.rng)
+        self.counters.update(state.counters)
+        return step, model, opt, sched
 
-        Each version's trained submission ids are saved next to it *before* it is published, so
-        after a crash anywhere in a step the reclaimed entries are either skipped (their step was
-        saved) or trained once (it was not): nothing is lost and nothing is trained twice.
-        """
-        saved = (
-            sorted(
-                int(p.name[1:])
-                for p in self.s.checkpoint_dir.glob("v*")
-                if p.is_dir() and p.name[1:].isdigit()
-            )
-            if self.s.checkpoint_dir.exists()
-            else []
-        )
-        for path in self.s.checkpoint_dir.glob("v*.trained.json"):
-            ids = json.loads(path.read_text())
-            if ids:
-                self.r.sadd(TRAINED, *ids)
-        if not saved:
-            return self.s.init_model_dir
-        self.step = saved[-1]
-        return self._ckpt(self.step)
-
-    def _ckpt(self, version: int) -> Path:
-        return self.s.checkpoint_dir / f"v{version}"
+    def _own_pending(self) -> list[Entry[VerifiedRollout]]:
+        # At most a few steps' worth exist (lease admission bounds what is in flight); any
+        # beyond this count are reclaimed by the normal read once idle.
+        return self.reader.own_pending(10_000)
 
     def _latest_announcement(self) -> PolicyAnnouncement | None:
         entries = self.r.xrevrange(streams.POLICY_ANNOUNCEMENTS, count=1)
         return streams.decode(PolicyAnnouncement, entries[0][1]) if entries else None
 
-    def save(self, trained_ids: list[str]) -> Path:
-        out = save_pretrained(self.model, self.model.tokenizer, self._ckpt(self.step))
-        record = self.s.checkpoint_dir / f"v{self.step}.trained.json"
-        tmp = record.with_suffix(".tmp")
-        tmp.write_text(json.dumps(trained_ids))
-        tmp.replace(record)
-        return out
+    def _save(self, snap: Snapshot) -> None:
+        ckpt.save_checkpoint(
+            self.root, self.model.module, self.model.tokenizer, snap.state, snap.weights
+        )
 
-    def publish(self) -> None:
-        """Push the saved version `step` to the origin and announce it."""
-        out = self._ckpt(self.step)
-        if not out.exists():
-            self.save([])
+    def publish(self, version: int) -> None:
+        """Push saved version `version` to the origin and announce it."""
         signed = publish_version(
             self.s.origin_url,
-            out,
-            version=self.step,
-            parent_version=self.step - 1 if self.step > 0 else None,
+            ckpt.model_dir(self.root, version),
+            version=version,
+            parent_version=self._last_published if version > 0 else None,  # shipped before
             account=self.account,
             shard_size=self.s.shard_size,
             timeout=self.s.http_timeout_s,
         )
         ann = PolicyAnnouncement(
-            version=self.step,
-            step=self.step,
+            version=version,
+            step=version,
             model_hash=signed.manifest.model_hash,
-            manifest_path=manifest_path(self.step),
+            manifest_path=manifest_path(version),
         )
         self.r.xadd(
             streams.POLICY_ANNOUNCEMENTS, streams.encode(ann), maxlen=10_000, approximate=True
         )
-        metrics.POLICY_VERSION.set(self.step)
-        for old in range(self.step - self.s.keep_checkpoints, -1, -1):
-            if old > 0 and self._ckpt(old).exists():  # v0 is kept: it is the start of RL
-                shutil.rmtree(self._ckpt(old), ignore_errors=True)
-            else:
-                break
+        self._last_published = version
+        metrics.POLICY_VERSION.set(version)
+        ckpt.prune(self.root, self.s.keep_checkpoints)
+
+    # ------------------------------------------------------------------ collect
+    def _next_entries(self, want: int) -> list[Entry[VerifiedRollout]]:
+        if self._backlog:
+            taken, self._backlog = self._backlog[:want], self._backlog[want:]
+            return taken
+        return self.reader.read(want, block_ms=200)
 
     def collect(self) -> tuple[list[VerifiedRollout], list[str]]:
-        """Block until a step's worth of fresh groups is in; stale ones are dropped (and acked)."""
+        """A step's worth of fresh, informative groups. Stale groups (older than the async
+        bound) and zero-variance groups (no gradient) are acknowledged and counted, and the
+        batch is refilled from the stream, so every step trains a full batch."""
         batch: list[VerifiedRollout] = []
         ids: list[str] = []
+        filtered_now = 0
         while len(batch) < self.s.groups_per_step:
-            entries: list[Entry[VerifiedRollout]] = self.reader.read(
-                self.s.groups_per_step - len(batch), block_ms=1000
-            )
+            self.persister.raise_if_failed()
+            entries = self._next_entries(self.s.groups_per_step - len(batch))
             metrics.QUEUE_LAG.set(self.reader.lag())
             for e in entries:
                 msg = e.message
                 if msg is None:
                     log.warning("dropping undecodable entry", extra={"fields": {"err": e.error}})
                     self.reader.ack(e.entry_id)
-                elif not is_fresh(msg.policy_version, self.step, self.s.recipe.async_level):
-                    # Bounded staleness (DESIGN.md §3.4): too old to train on by now.
-                    self.stale_dropped += 1
-                    metrics.STALE_DROPPED.inc()
-                    self.reader.ack(e.entry_id)
                 elif self.r.sismember(TRAINED, msg.submission_id):
                     self.reader.ack(e.entry_id)  # trained before a crash; never twice
+                elif not is_fresh(msg.policy_version, self.step, self.s.recipe.async_level):
+                    # Bounded staleness (DESIGN.md §3.4): too old to train on by now.
+                    self.counters["stale"] += 1
+                    metrics.STALE_DROPPED.inc()
+                    self.reader.ack(e.entry_id)
+                elif (
+                    self.s.filter_zero_variance
+                    and filtered_now < self.s.max_filtered_per_step
+                    and not is_informative([c.reward for c in msg.completions])
+                ):
+                    filtered_now += 1
+                    self.counters["filtered"] += 1
+                    metrics.FILTERED.inc()
+                    self.reader.ack(e.entry_id)
                 else:
                     batch.append(msg)
                     ids.append(e.entry_id)
         return batch, ids
 
+    # ------------------------------------------------------------------ step
     def train_step(self) -> StepProgress:
+        t_wait = time.monotonic()
         batch, ids = self.collect()
-        t0 = time.time()
+        t0 = time.monotonic()
+        idle = t0 - t_wait
         groups = [
             [
                 Rollout(
                     prompt_ids=r.prompt_token_ids,
                     completion_ids=c.token_ids,
-                    behaviour_logprobs=c.logprobs,
+                    old_logprobs=c.logprobs,
                     reward=c.reward,
                     temperature=r.sampling.temperature,
+                    inference_logprobs=c.inference_logprobs,
                 )
                 for c in r.completions
             ]
             for r in batch
         ]
-        stats = grpo_step(self.model, self.opt, groups, self.cfg)
-        lags = [self.step - r.policy_version for r in batch]
-        rewards = [c.reward for r in batch for c in r.completions]
+        broadcast_batch(groups, self.ctx)
+        stats = distributed_step(
+            self.model,
+            self.opt,
+            groups,
+            self.cfg,
+            self.ctx,
+            ref_model=self.ref,
+            scheduler=self.sched,
+            constant_tokens=self.s.step_tokens,
+        )
+        trained_at = self.step
         self.step += 1
-        self.save([r.submission_id for r in batch])
-        self.publish()
-        # Acknowledge only once the step's effect (the new version) is durable.
-        pipe = self.r.pipeline(transaction=True)
-        pipe.sadd(TRAINED, *[r.submission_id for r in batch])
-        pipe.xack(streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP, *ids)
-        pipe.execute()
+        snap = Snapshot(
+            state=ckpt.TrainerState(
+                step=self.step,
+                optimizer=full_optimizer_state_dict(self.model, self.opt, self.ctx),
+                scheduler=self.sched.state_dict(),
+                rng=ckpt.rng_state(),
+                trained=[r.submission_id for r in batch],
+                counters=dict(self.counters),
+            ),
+            weights=full_state_dict(self.model, self.ctx) or {},
+            entry_ids=ids,
+        )
+        self.persister.submit(snap)
+        seconds = time.monotonic() - t0
+        return self._record(batch, stats, trained_at, seconds, idle)
+
+    def _record(
+        self,
+        batch: list[VerifiedRollout],
+        stats: dict[str, float],
+        trained_at: int,
+        seconds: float,
+        idle: float,
+    ) -> StepProgress:
+        now = time.monotonic()
+        # The first step's wait is warm-up (workers fetching v0, first generation); busy time
+        # is counted from the end of the first step.
+        if self._last_step_end is not None:
+            self.counters["busy_s"] += seconds
+            self.counters["wall_s"] += now - self._last_step_end
+        self._last_step_end = now
+        lags = [trained_at - r.policy_version for r in batch]
+        comps = [c for r in batch for c in r.completions]
+        tokens = sum(len(c.token_ids) for c in comps)
+        n = max(len(comps), 1)
+        ages = [time.time() - r.submitted_at for r in batch]
+        busy = self.counters["busy_s"] / self.counters["wall_s"] if self.counters["wall_s"] else 0
         row = StepProgress(
             step=self.step,
             version=self.step,
-            mean_reward=sum(rewards) / len(rewards),
+            mean_reward=sum(c.reward for c in comps) / n,
+            reward_task=sum(c.task_reward for c in comps) / n,
+            reward_length=sum(c.length_reward for c in comps) / n,
             groups=len(batch),
-            policy_lag_mean=sum(lags) / len(lags),
-            policy_lag_max=max(lags),
-            stale_dropped=self.stale_dropped,
+            completions=len(comps),
+            policy_lag_mean=sum(lags) / max(len(lags), 1),
+            policy_lag_max=max(lags, default=0),
+            lag_histogram=dict(Counter(lags)),
+            rollout_age_s=sum(ages) / max(len(ages), 1),
+            stale_dropped=int(self.counters["stale"]),
+            filtered_total=int(self.counters["filtered"]),
             accepted_total=int(self.r.xlen(streams.ROLLOUTS_VERIFIED)),
             rejected_total=int(self.r.xlen(streams.ROLLOUTS_REJECTED)),
             loss=float(stats["loss"]),
-            clip_frac=float(stats.get("clip_frac", 0.0)),
-            seconds=time.time() - t0,
+            clip_frac=float(stats["clip_frac"]),
+            stats={k: round(float(v), 6) for k, v in stats.items()},
+            seconds=seconds,
+            idle_s=idle,
+            busy_fraction=busy,
+            tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
             wall=time.time() - self.started,
         )
-        metrics.STEPS.inc()
-        metrics.MEAN_REWARD.set(row.mean_reward)
+        self._export(row, lags, ages)
         progress.append(self.s.progress_file, row)
-        log.info("step", extra={"fields": row.model_dump()})
+        log.info("step", extra={"fields": row.model_dump(exclude={"stats", "lag_histogram"})})
         return row
 
+    @staticmethod
+    def _export(row: StepProgress, lags: list[int], ages: list[float]) -> None:
+        metrics.STEPS.inc()
+        metrics.MEAN_REWARD.set(row.mean_reward)
+        metrics.REWARD_PART.labels("task").set(row.reward_task)
+        metrics.REWARD_PART.labels("length").set(row.reward_length)
+        for k, v in row.stats.items():
+            metrics.STEP_STAT.labels(k).set(v)
+        metrics.COMPLETIONS.inc(row.completions)
+        metrics.TOKENS_PER_S.set(row.tokens_per_s)
+        metrics.STEP_SECONDS.observe(row.seconds)
+        metrics.IDLE_SECONDS.observe(row.idle_s)
+        metrics.BUSY_FRACTION.set(row.busy_fraction)
+        for lag in lags:
+            metrics.CONSUMPTION_LAG.observe(lag)
+        for age in ages:
+            metrics.QUEUE_SECONDS.observe(age)
+
     def run(self) -> None:
-        while self.step < self.s.max_steps:
-            self.train_step()
+        try:
+            while self.step < self.s.max_steps:
+                self.train_step()
+            broadcast_batch(None, self.ctx)  # tells the followers the run is over
+        finally:
+            # Whatever ends the loop, what was trained is saved, acknowledged and published.
+            self.persister.drain()
         log.info("reached max_steps", extra={"fields": {"step": self.step}})

@@ -149,7 +149,11 @@ class Validator:
                     else:
                         mine = outputs[at : at + n]
                     completions = verify.check_completions(
-                        msg, policy, mine, self.s.reward_tolerance
+                        msg,
+                        policy,
+                        mine,
+                        self.s.reward_tolerance,
+                        length=self.s.recipe.length_reward,
                     )
                 except Refusal as rej:
                     verdicts.append((entry_id, msg, self._verdict(msg, rej), None))
@@ -200,6 +204,7 @@ class Validator:
             prompt_token_ids=msg.submission.prompt_token_ids,
             completions=completions,
             verdict=verdict,
+            submitted_at=msg.received_at,
         )
 
     def _commit(

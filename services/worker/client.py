@@ -19,6 +19,8 @@ from prime_swarm.protocol.messages import (
     RegisterReply,
     RegisterRequest,
     RolloutSubmission,
+    SubmissionBatch,
+    SubmitBatchReply,
     SubmitReply,
 )
 from prime_swarm.protocol.signing import WorkerAuth
@@ -127,6 +129,9 @@ class OrchestratorClient:
 
     def submit(self, sub: RolloutSubmission) -> SubmitReply:
         return self._post("/v1/submit", sub, SubmitReply)
+
+    def submit_batch(self, batch: SubmissionBatch) -> SubmitBatchReply:
+        return self._post("/v1/submit/batch", batch, SubmitBatchReply)
 
     def close(self) -> None:
         self.http.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 
@@ -15,12 +16,14 @@ from prime_swarm.libs.chain.errors import ChainError
 from prime_swarm.libs.model.backend import GenerationBackend
 from prime_swarm.libs.model.causal_lm import PRECISIONS
 from prime_swarm.libs.policy.store import LoadedPolicy, PolicyError, PolicyStore
-from prime_swarm.libs.rollout.answer import PendingSubmission, ProofBuilder, start_lease
+from prime_swarm.libs.rollout.answer import PendingSubmission, ProofBuilder, start_leases
 from prime_swarm.protocol.messages import (
     Heartbeat,
     LeaseRequest,
     PolicyInfo,
     RegisterRequest,
+    SubmissionBatch,
+    SubmitBatchReply,
 )
 
 from . import metrics
@@ -50,6 +53,7 @@ class Worker:
         self.policy_info: PolicyInfo | None = None
         self.trusted_trainer = ""  # set by join_pool from the chain (or the pinned flag)
         self.store: PolicyStore | None = None
+        self._fetching: threading.Thread | None = None
         self.submitted = 0
         self.refused = 0
 
@@ -100,6 +104,13 @@ class Worker:
         held = self.store.latest_loaded()
         if held is not None and held.version >= info.version:
             return held
+        if held is not None and held.version >= info.min_version:
+            if not self.store.is_downloaded(info.version):
+                # Still admitted: keep generating with it while the new version downloads.
+                self._prefetch(info)
+                return held
+        if self._fetching is not None:
+            self._fetching.join()  # never two downloads into one version's directory
         bar = tqdm(
             total=0,
             unit="B",
@@ -121,6 +132,21 @@ class Worker:
             return held
         finally:
             bar.close()
+
+    def _prefetch(self, info: PolicyInfo) -> None:
+        if self._fetching is not None and self._fetching.is_alive():
+            return
+        store = self.store
+        assert store is not None
+
+        def fetch() -> None:
+            try:
+                store.download(info.version, info.relays)  # loading stays on the main thread
+            except PolicyError as exc:
+                log.warning("%s; keeping the held version", exc)
+
+        self._fetching = threading.Thread(target=fetch, name="policy-prefetch", daemon=True)
+        self._fetching.start()
 
     def run(self) -> None:
         orchestrator_url = self.join_pool()
@@ -160,73 +186,72 @@ class Worker:
             )
 
     def _work(self, client: OrchestratorClient) -> None:
-        """Lease, generate, and submit; proofs of one group are built in the background while the
-        next group generates, so they stay off the critical path."""
+        """Lease a batch, generate it in one go, hand it to the submitter and lease the next:
+        proofs are built and the batch submitted on other threads while the next generates."""
         builder = ProofBuilder()
-        pending: tuple[PendingSubmission, float] | None = None
+        submitter = Submitter(self, client)
         try:
             while not self.stop.is_set():
-                owed = self.submitted + (1 if pending else 0)
+                owed = self.submitted + self.refused + submitter.queued
                 if self.s.max_rollouts and owed >= self.s.max_rollouts:
                     return
                 policy = self._current_policy()
                 if policy is None:
                     self.stop.wait(0.5)
                     continue
+                count = self.s.lease_batch
+                if self.s.max_rollouts:
+                    count = min(count, self.s.max_rollouts - owed)
                 try:
-                    lease_reply = client.lease(
+                    reply = client.lease(
                         LeaseRequest(
                             worker=self.account.address,
                             pool_id=self.s.pool_id,
                             policy_version=policy.version,
+                            count=count,
                         )
                     )
                 except OrchestratorError as exc:
-                    if pending is not None:
-                        self._submit(client, *pending)
-                        pending = None
                     if exc.reason == "stale_policy":
                         self._refresh_policy_info(client)
                     else:
                         log.warning("lease refused: %s", exc)
                         self.stop.wait(1.0)
                     continue
-                if lease_reply.lease is None:
-                    if pending is not None:
-                        self._submit(client, *pending)
-                        pending = None
-                    self.stop.wait(lease_reply.retry_after_s or 0.5)
+                if reply.policy is not None:
+                    self.policy_info = reply.policy
+                if not reply.leases:
+                    self.stop.wait(reply.retry_after_s or 0.5)
                     continue
                 started = time.monotonic()
-                job = start_lease(policy, lease_reply.lease, self.backend, builder)
-                if pending is not None:
-                    self._submit(client, *pending)
-                pending = (job, started)
+                submitter.put(start_leases(policy, reply.leases, self.backend, builder), started)
         finally:
-            if pending is not None:
-                self._submit(client, *pending)
+            submitter.close()
             builder.close()
 
-    def _submit(self, client: OrchestratorClient, job: PendingSubmission, started: float) -> None:
-        submission = job.result()
-        try:
-            client.submit(submission)
-            self.submitted += 1
-            metrics.SUBMITTED.inc()
-            log.info(
-                "submitted",
-                extra={
-                    "fields": {
-                        "lease": submission.lease_id,
-                        "version": job.policy_version,
-                        "seconds": round(time.monotonic() - started, 3),
-                    }
-                },
-            )
-        except OrchestratorError as exc:
-            self.refused += 1
-            metrics.REFUSED.labels(exc.reason).inc()
-            log.warning("submission refused: %s", exc)
+    def record(
+        self, jobs: list[PendingSubmission], reply: SubmitBatchReply, started: float
+    ) -> None:
+        for result in reply.results:
+            if result.status == 200:
+                self.submitted += 1
+                metrics.SUBMITTED.inc()
+            else:
+                self.refused += 1
+                metrics.REFUSED.labels(result.reason or "error").inc()
+                log.warning(
+                    "submission refused: %s %s: %s", result.status, result.reason, result.message
+                )
+        log.info(
+            "submitted",
+            extra={
+                "fields": {
+                    "leases": len(jobs),
+                    "version": jobs[0].policy_version,
+                    "seconds": round(time.monotonic() - started, 3),
+                }
+            },
+        )
 
     def _refresh_policy_info(self, client: OrchestratorClient) -> None:
         """Heartbeat, and adopt the policy the orchestrator announces."""
@@ -240,3 +265,51 @@ class Worker:
         )
         if reply.policy is not None:
             self.policy_info = reply.policy
+
+
+class Submitter:
+    """One thread that waits for a batch's proofs and submits the batch in one request, so the
+    worker's next generation never waits on proofs or on the orchestrator's round trip."""
+
+    def __init__(self, worker: Worker, client: OrchestratorClient, depth: int = 2) -> None:
+        self.worker, self.client = worker, client
+        self._q: queue.Queue[tuple[list[PendingSubmission], float] | None] = queue.Queue(depth)
+        self._queued = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="submitter", daemon=True)
+        self._thread.start()
+
+    @property
+    def queued(self) -> int:
+        with self._lock:
+            return self._queued
+
+    def put(self, jobs: list[PendingSubmission], started: float) -> None:
+        with self._lock:
+            self._queued += len(jobs)
+        self._q.put((jobs, started))  # blocks when submitting lags: back-pressure on leasing
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (item := self._q.get()) is not None:
+            jobs, started = item
+            try:
+                batch = SubmissionBatch(
+                    worker=self.worker.account.address,
+                    pool_id=self.worker.s.pool_id,
+                    submissions=[job.result() for job in jobs],
+                )
+                self.worker.record(jobs, self.client.submit_batch(batch), started)
+            except OrchestratorError as exc:
+                self.worker.refused += len(jobs)
+                metrics.REFUSED.labels(exc.reason).inc(len(jobs))
+                log.warning("batch submission refused: %s", exc)
+            except Exception:  # never let one batch kill the thread and wedge the worker
+                log.exception("batch submission failed")
+                self.worker.refused += len(jobs)
+            finally:
+                with self._lock:
+                    self._queued -= len(jobs)

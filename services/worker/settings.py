@@ -46,6 +46,13 @@ class WorkerSettings(BaseSettings):
     retry_budget: int = Field(5, ge=0, description="Retries of a failing request before giving up.")
     chain_timeout_s: float = Field(30.0, gt=0, description="Timeout of each chain call.")
     max_rollouts: int = Field(0, ge=0, description="Stop after this many submissions (0: never).")
+    lease_batch: int = Field(
+        8,
+        ge=1,
+        le=64,
+        description="Leases requested and generated together: one batched generation per "
+        "request instead of one prompt at a time.",
+    )
     unstake_on_exit: bool = Field(False, description="Leave the pool (unstake) on Ctrl-C.")
     keep_versions: int = Field(3, ge=1, description="Policy versions kept in the cache.")
     progress: bool = Field(True, description="Show download progress bars.")

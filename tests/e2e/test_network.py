@@ -29,6 +29,9 @@ def finished_network(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
         workers=3,
         worker_backends=["vllm"],
         groups_per_step=6,
+        # Two leases a request: one step's groups spread over all three workers, whose moves
+        # to newer versions the tests below check (with 8, one worker can take a whole step).
+        lease_batch=2,
         warm_start_steps=60,
     )
     net = LocalNetwork(settings, prepare_model(settings), run_dir)

@@ -104,8 +104,10 @@ def test_registered_member_gets_policy_and_leases(pool: dict) -> None:
     reply = c.register(_register(pool, m.address))
     assert reply.policy is not None and reply.policy.version == 5
     assert reply.policy.min_version == 3
-    lease = c.lease(_lease_req(pool, m.address, 5)).lease
-    assert lease is not None and lease.group_size == 2 and lease.min_policy_version == 3
+    reply = c.lease(_lease_req(pool, m.address, 5))
+    assert reply.policy is not None and reply.policy.version == 5
+    (lease,) = reply.leases
+    assert lease.group_size == 2 and lease.min_policy_version == 3
     with pytest.raises(OrchestratorError) as err:
         c.lease(_lease_req(pool, m.address, 2))
     assert err.value.reason == "stale_policy"
@@ -119,8 +121,7 @@ def test_submission_admission(pool: dict) -> None:
     c = client(pool, m)
     c.register(_register(pool, m.address))
     r: redis.Redis = pool["redis"]
-    lease = c.lease(_lease_req(pool, m.address, 4)).lease
-    assert lease is not None
+    (lease,) = c.lease(_lease_req(pool, m.address, 4)).leases
     wrong_group = _submission(lease, m.address, n=1)
     with pytest.raises(OrchestratorError) as err:
         c.submit(wrong_group)
@@ -137,6 +138,25 @@ def test_submission_admission(pool: dict) -> None:
     with pytest.raises(OrchestratorError) as err:
         c.submit(_submission(lease.model_copy(update={"lease_id": "nope"}), m.address))
     assert err.value.status == 404
+
+
+def test_leases_come_in_batches_up_to_the_worker_cap(pool: dict) -> None:
+    m = pool["member"]  # registered by the tests above (registrations are rate-limited)
+    c = client(pool, m)
+    r: redis.Redis = pool["redis"]
+    already = int(r.zcard(f"orch:open_leases:{m.address.lower()}"))
+    batch = c.lease(_lease_req(pool, m.address, 5).model_copy(update={"count": 8})).leases
+    # PRIME_ORCH_MAX_OPEN_LEASES_PER_WORKER=3: the batch is cut to what the worker may hold.
+    assert len(batch) == 3 - already and len({x.task_id for x in batch}) == len(batch)
+    with pytest.raises(OrchestratorError) as err:
+        c.lease(_lease_req(pool, m.address, 5))
+    assert err.value.status == 429 and err.value.reason == "too_many_leases"
+    # A refused submission frees its slot at once instead of holding it until the lease expires.
+    with pytest.raises(OrchestratorError) as err:
+        c.submit(_submission(batch[0], m.address, n=1))
+    assert err.value.reason == "lease_mismatch"
+    (again,) = c.lease(_lease_req(pool, m.address, 5).model_copy(update={"count": 8})).leases
+    assert again.lease_id not in {x.lease_id for x in batch}
 
 
 def test_backend_outside_the_protocol_is_refused(pool: dict) -> None:

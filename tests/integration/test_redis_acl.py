@@ -24,6 +24,7 @@ from prime_swarm.libs.streams.consumer import GroupReader
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.auth import redis_nonce_burner
 from prime_swarm.protocol.messages import PolicyAnnouncement, SubmittedRollout, VerifiedRollout
+from prime_swarm.services.orchestrator.routes import in_flight_groups
 from prime_swarm.services.orchestrator.settings import OrchestratorSettings
 from prime_swarm.services.orchestrator.state import WORKERS, LeaseBook, PolicyTracker
 from prime_swarm.services.validator.ledger_queue import ChainAction, LedgerQueue
@@ -80,11 +81,12 @@ def test_each_role_does_its_job_with_the_services_code(acl_redis: SimpleNamespac
             assert (await PolicyTracker(r, settings).latest()).version == 1
             leases = LeaseBook(r, settings)
             worker = "0x" + "ab" * 20
-            lease = await leases.issue(worker, pool_id=1, min_version=0)
+            (lease,) = await leases.issue(worker, pool_id=1, min_version=0, count=1)
             assert (await leases.get(lease.lease_id)) == lease
             assert await leases.open_count(worker) == 1
             assert await leases.mark_submitted(lease, "sub-1")
             assert not await leases.mark_submitted(lease, "sub-1")
+            assert await leases.open_count() == 0  # the pool-wide count lease admission reads
             burn = redis_nonce_burner(r)
             assert await burn(worker, "n-1", 60) and not await burn(worker, "n-1", 60)
             await RateLimiter(r).hit("test-bucket", Rate(per_second=10, burst=5))
@@ -93,6 +95,7 @@ def test_each_role_does_its_job_with_the_services_code(acl_redis: SimpleNamespac
             assert await r.hexists(WORKERS, worker) and await r.hlen(WORKERS) == 1
             await r.xadd(streams.ROLLOUTS_SUBMITTED, FAKE)
             await r.xadd(streams.ROLLOUTS_SUBMITTED, FAKE)
+            assert await in_flight_groups(SimpleNamespace(redis=r, leases=leases)) == 0
             assert await r.xlen(streams.ROLLOUTS_SUBMITTED) == 2
         finally:
             await r.aclose()

@@ -20,6 +20,7 @@ from prime_swarm.libs.localnet.ports import free_port
 from prime_swarm.libs.localnet.relay import RelayProcess
 from prime_swarm.libs.shardcast import (
     NotAvailableError,
+    PublishError,
     RelayPool,
     build_manifest,
     download_version,
@@ -102,6 +103,42 @@ def v1(
     model = _model(work, "model_v1")
     signed = publish_version(servers["origin"].url, model, 1, 0, trainer, SHARD, 10.0)
     return model, signed
+
+
+def test_republishing_a_complete_version_is_a_no_op(
+    work: Path, servers: dict[str, Server], v1: tuple[Path, SignedManifest], trainer: LocalAccount
+) -> None:
+    """A trainer killed after uploading, before announcing, publishes the version again on
+    restart: the origin's complete copy is returned, not refused as another manifest."""
+    model, signed = v1
+    again = publish_version(servers["origin"].url, model, 1, 0, trainer, SHARD, 10.0)
+    assert again == signed
+    with pytest.raises(PublishError, match="another model"):
+        other = _model(work, "not_v1", WEIGHTS + 8)
+        publish_version(servers["origin"].url, other, 1, 0, trainer, SHARD, 10.0)
+
+
+def test_policy_store_downloads_apart_from_loading(
+    work: Path, servers: dict[str, Server], v1: tuple[Path, SignedManifest], trainer: LocalAccount
+) -> None:
+    """A worker downloads the next version on a background thread and loads it on its own:
+    `download` verifies files into the cache only, `get` then loads them without refetching."""
+    from prime_swarm.libs.policy.store import PolicyError, PolicyStore
+
+    relay = servers["relay_a"].url
+    wait_for_version(relay, 1, timeout_s=20)
+    store = PolicyStore(work / "policy_store", trainer.address, keep=2, timeout_s=5)
+    store.download(1, [relay])
+    assert store.is_downloaded(1) and store.latest_loaded() is None
+    # With no relay left to ask, `get` goes straight to loading the verified files (this
+    # module's test "model" is not a loadable LM, so the load itself is what fails).
+    with pytest.raises(PolicyError, match="does not load"):
+        store.get(1, ["http://127.0.0.1:1"])
+    # Without a download first, the same dead relay is a fetch failure.
+    with pytest.raises(PolicyError, match="could not fetch"):
+        PolicyStore(work / "policy_store2", trainer.address, timeout_s=2).get(
+            1, ["http://127.0.0.1:1"]
+        )
 
 
 def test_publish_pull_download_identical(

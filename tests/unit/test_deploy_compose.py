@@ -552,8 +552,19 @@ def test_grafana_is_provisioned_with_the_dashboard() -> None:
     dash = json.loads((grafana / "dashboards" / "prime-swarm.json").read_text())
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
     for metric in ("trainer_batch_mean_reward", "trainer_policy_version",
-                   "validator_verdicts_total", "orchestrator_leases_issued_total"):  # fmt: skip
+                   "validator_verdicts_total", "orchestrator_leases_issued_total",
+                   "trainer_batch_reward_part", "trainer_step_stat", "trainer_busy_fraction",
+                   "trainer_consumption_lag_versions_bucket", "trainer_idle_seconds"):  # fmt: skip
         assert metric in exprs
+    # Every metric a panel names is one the services export.
+    from prometheus_client import REGISTRY
+
+    import prime_swarm.services.trainer.metrics  # noqa: F401
+
+    suffixes = ("", "_total", "_bucket", "_sum", "_count")
+    exported = {m.name + x for m in REGISTRY.collect() for x in suffixes}
+    for name in re.findall(r"(trainer_[a-z_]+)", exprs):
+        assert name in exported, name
     for panel in dash["panels"]:
         assert panel["datasource"]["uid"] == source["uid"]
 

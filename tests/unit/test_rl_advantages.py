@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from prime_swarm.libs.rl.advantages import batch_advantages, group_advantages
+from prime_swarm.libs.rl.advantages import group_advantages
 
 
 def test_hand_computed_group():
@@ -24,6 +24,6 @@ def test_zero_std_gives_zero_advantage():
 
 
 def test_groups_are_normalised_independently():
-    a, b = batch_advantages([[0.0, 1.0], [0.2, 0.2]])
+    a, b = (group_advantages(g) for g in ([0.0, 1.0], [0.2, 0.2]))
     assert torch.allclose(a, torch.tensor([-1.0, 1.0]), atol=1e-5)
     assert b.tolist() == [0.0, 0.0]

@@ -13,6 +13,7 @@ from prime_swarm.libs.model.tokenizer import build_tokenizer, prompt_ids
 from prime_swarm.libs.rl.forward import forward_completions
 from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, grpo_step, make_optimizer
 from prime_swarm.libs.rl.logprobs import token_logprobs
+from prime_swarm.libs.rl.loss import LossConfig
 
 BOS, EOS = 257, 258
 
@@ -57,7 +58,7 @@ def test_step_moves_probability_toward_the_better_completion(temperature: float)
     assert stats["tokens"] == float(len(good) + len(bad))
     # The rollouts are on-policy: every ratio is 1, nothing clips, and advantages of +-1 over
     # equally long completions cancel in the mean.
-    assert stats["mean_ratio"] == pytest.approx(1.0, abs=1e-5)
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     assert stats["clip_frac"] == pytest.approx(0.0, abs=1e-6)
     assert stats["loss"] == pytest.approx(0.0, abs=1e-5)
     assert stats["grad_norm"] > 0.0
@@ -73,7 +74,7 @@ def test_the_ratio_uses_the_rollout_temperature() -> None:
         for comp, reward in ((good, 1.0), (bad, 0.0))
     ]
     stats = grpo_step(lm, make_optimizer(lm, lr=1e-6), [rollouts])
-    assert abs(stats["mean_ratio"] - 1.0) > 1e-3
+    assert abs(stats["ratio_mean"] - 1.0) > 1e-3
 
 
 def test_stale_behaviour_logprobs_are_clipped() -> None:
@@ -86,8 +87,8 @@ def test_stale_behaviour_logprobs_are_clipped() -> None:
         Rollout(prompt, comp, [lp - 1.0 for lp in _logprobs(lm, prompt, comp, 1.0)], reward)
         for comp, reward in ((good, 1.0), (bad, 0.0))
     ]
-    stats = grpo_step(lm, make_optimizer(lm), [rollouts], GRPOConfig(clip_eps=0.2))
-    assert stats["mean_ratio"] == pytest.approx(torch.e, rel=1e-4)
+    stats = grpo_step(lm, make_optimizer(lm), [rollouts], GRPOConfig(loss=LossConfig(eps_high=0.2)))
+    assert stats["ratio_mean"] == pytest.approx(torch.e, rel=1e-4)
     assert stats["clip_frac"] == pytest.approx(len(good) / (len(good) + len(bad)), abs=1e-6)
 
 
@@ -118,3 +119,32 @@ def test_behaviour_logprobs_must_match_the_completion() -> None:
     ]
     with pytest.raises(ValueError, match="one entry per completion token"):
         grpo_step(lm, make_optimizer(lm), [group])
+
+
+def test_micro_batches_accumulate_to_the_one_batch_gradient() -> None:
+    """Splitting a step into micro-batches (gradient accumulation) changes nothing but memory."""
+    prompt_a = prompt_ids(build_tokenizer(), "rev 56=")
+    prompt_b = prompt_ids(build_tokenizer(), "rev 1234=")
+    grads = []
+    for budget in (10_000, 12):  # one forward, or one sequence per forward
+        torch.manual_seed(0)
+        lm = _lm()
+        groups = [
+            [
+                Rollout(p, _answer(lm, a), _logprobs(lm, p, _answer(lm, a), 1.0), r)
+                for a, r in answers
+            ]
+            for p, answers in (
+                (prompt_a, (("65", 1.0), ("9", 0.0))),
+                (prompt_b, (("4321", 1.0), ("43", 0.5), ("1", 0.0))),
+            )
+        ]
+        opt = torch.optim.SGD(lm.module.parameters(), lr=0.0)
+        cfg = GRPOConfig(micro_batch_tokens=budget)
+        stats = grpo_step(lm, opt, groups, cfg)
+        grads.append(([p.grad.clone() for p in lm.module.parameters()], stats))
+    (g1, s1), (g2, s2) = grads
+    assert s1["tokens"] == s2["tokens"]
+    assert s1["loss"] == pytest.approx(s2["loss"], abs=1e-6)
+    for a, b in zip(g1, g2, strict=True):
+        assert torch.allclose(a, b, atol=1e-6)

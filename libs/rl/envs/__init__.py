@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from prime_swarm.libs.rl.envs.arith import ArithEnv
 from prime_swarm.libs.rl.envs.base import SPLITS, Env, Split, Task
+from prime_swarm.libs.rl.envs.code import CodeEnv
 from prime_swarm.libs.rl.envs.reverse import ReverseEnv
 
 _FACTORIES: dict[str, Callable[[], Env]] = {
     "reverse": ReverseEnv,
+    "arith": ArithEnv,
+    "code": CodeEnv,
 }
 _INSTANCES: dict[str, Env] = {}
 

@@ -1,0 +1,273 @@
+"""The TRL baseline for `make bench-trainer`: the same GRPO run with Hugging Face TRL's GRPOTrainer.
+
+Same model (a warm-started tiny Qwen2 directory), same env and train prompts, same rollout budget
+(steps x prompts_per_step x group_size completions), same sampling (temperature, token cap,
+no top-k/top-p), same optimizer (AdamW, constant lr, no weight decay, grad-norm clip 1.0), and
+the held-out greedy reward measured with our own evaluator. TRL runs it all in one process on the
+CPU: generate, score, one optimizer step, repeat.
+
+    .venv/bin/pip install -e '.[bench-trainer]'
+    .venv/bin/python bench/trainer/trl_baseline.py --steps 40 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from prime_swarm.libs.model.io import load_pretrained, save_pretrained
+from prime_swarm.libs.model.tokenizer import prompt_ids
+from prime_swarm.libs.rl.defaults import RL, WARM_START
+from prime_swarm.libs.rl.envs import get_env
+from prime_swarm.libs.rl.evaluate import heldout_reward
+from prime_swarm.libs.rl.loss import LossConfig
+from prime_swarm.libs.rl.sft import warm_start
+from prime_swarm.libs.rollout.recipe import Recipe
+
+EVAL_SEED = 12345  # the held-out seed the local network's summary uses
+
+
+def _prompt_prefix(tok, prompts: list[str]) -> str:
+    """Text to put before each prompt so that TRL's plain `tok(text)` gives our `prompt_ids`.
+
+    TRL tokenizes a non-chat prompt with the tokenizer's default special-token rule; Qwen2's adds
+    no BOS, while our rule prepends it. Writing the BOS token as text makes the tokenizer emit it
+    as the special token, so both sides see identical ids (checked for every prompt).
+    """
+    prefix = ""
+    bos = tok.bos_token_id
+    if bos is not None and tok(prompts[0])["input_ids"][:1] != [bos]:
+        prefix = tok.bos_token
+    for p in prompts:
+        got = list(tok(prefix + p)["input_ids"])
+        if got != prompt_ids(tok, p):
+            raise RuntimeError(f"TRL's tokenization of {p!r} ({got}) differs from prompt_ids")
+    return prefix
+
+
+def _heldout(model_dir: Path, env_name: str, eval_tasks: int) -> float:
+    return heldout_reward(load_pretrained(model_dir), get_env(env_name), eval_tasks, seed=EVAL_SEED)
+
+
+def run_trl(
+    model_dir: Path,
+    *,
+    env_name: str,
+    steps: int,
+    prompts_per_step: int,
+    group_size: int,
+    max_new_tokens: int,
+    temperature: float,
+    lr: float,
+    seed: int,
+    eval_tasks: int,
+    threads: int,
+) -> dict:
+    """Train `model_dir` with TRL's GRPOTrainer; timings, rewards and TRL's own per-step log."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(threads)
+    model_dir = Path(model_dir)
+    env = get_env(env_name)
+    reward_start = _heldout(model_dir, env_name, eval_tasks)
+
+    tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, local_files_only=True, use_safetensors=True
+    )
+    # One prompt per (step, group): the sampler repeats each num_generations times.
+    tasks = env.sample_tasks(seed, steps * prompts_per_step, "train")
+    prefix = _prompt_prefix(tok, [t.prompt for t in tasks])
+    dataset = Dataset.from_dict(
+        {"prompt": [prefix + t.prompt for t in tasks], "task_id": [t.task_id for t in tasks]}
+    )
+
+    def env_reward(prompts, completions, task_id, **_kwargs) -> list[float]:
+        # TRL decodes completions with skip_special_tokens=True, as our `decode` does.
+        pairs = zip(task_id, completions, strict=True)
+        return [env.reward(env.task_from_id(i), c) for i, c in pairs]
+
+    env_reward.__name__ = f"{env_name}_reward"
+
+    class Timer(TrainerCallback):
+        def __init__(self) -> None:
+            self.begin: list[float] = []
+            self.end: list[float] = []
+            self.train_begin = 0.0
+            self.threads_seen = 0
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.train_begin = time.perf_counter()
+            self.threads_seen = torch.get_num_threads()
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.begin.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.end.append(time.perf_counter())
+
+    batch = prompts_per_step * group_size
+    with tempfile.TemporaryDirectory(prefix="trl-baseline-") as tmp:
+        cfg = GRPOConfig(
+            output_dir=str(Path(tmp) / "out"),
+            # One optimizer step = prompts_per_step groups of group_size completions, generated as
+            # one batch and trained as one batch (no accumulation), like our trainer's step.
+            per_device_train_batch_size=batch,
+            gradient_accumulation_steps=1,
+            num_generations=group_size,
+            max_steps=steps,
+            max_completion_length=max_new_tokens,
+            temperature=temperature,
+            top_p=1.0,
+            top_k=0,  # 0 = no top-k filter: plain tempered sampling, as our workers do
+            learning_rate=lr,
+            lr_scheduler_type="constant",  # ours: constant lr (TrainingArguments' default decays)
+            warmup_steps=0,
+            weight_decay=0.0,
+            max_grad_norm=RL.max_grad_norm,
+            # beta=0: no KL term, so TRL builds no reference model (our trainer has none either).
+            beta=0.0,
+            # Plain GRPO as ours computes it: loss_type="dapo" (TRL's default) averages the
+            # clipped surrogate over every completion token of the step (our token-level mean;
+            # TRL also counts the zero-advantage groups' tokens in the denominator, ours drops
+            # them), scale_rewards="group" divides by the group's std (TRL: Bessel-corrected,
+            # eps 1e-4; ours: population std, eps 1e-6), and epsilon is the PPO clip. With
+            # num_iterations=1 the ratio is exactly 1 (on-policy), so the clip never binds.
+            loss_type="dapo",
+            scale_rewards="group",
+            epsilon=LossConfig().eps_high,
+            num_iterations=1,
+            mask_truncated_completions=False,
+            # TRL turns gradient checkpointing on by default. Besides recomputing activations, it
+            # toggles it off/on around every generation round, and transformers 5's
+            # gradient_checkpointing_enable() adds an embedding forward hook each time
+            # (enable_input_require_grads) that disable never removes: the hooks pile up and the
+            # steps slow down over the run (measured here: 0.145 -> ~0.20 s/step in 80 steps).
+            gradient_checkpointing=False,
+            bf16=False,
+            fp16=False,
+            use_cpu=True,
+            seed=seed,
+            data_seed=seed,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            eval_strategy="no",
+            disable_tqdm=True,
+            log_completions=False,
+            dataloader_num_workers=0,
+        )
+        timer = Timer()
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[env_reward],
+            args=cfg,
+            train_dataset=dataset,
+            processing_class=tok,
+            callbacks=[timer],
+        )
+        # With disable_tqdm the Trainer prints every log dict to stdout; keep stdout for JSON.
+        trainer.remove_callback(PrinterCallback)
+        torch.set_num_threads(threads)  # in case accelerate's setup changed it
+        t0 = time.perf_counter()
+        trainer.train()
+        wall_s = time.perf_counter() - t0
+
+        final_dir = Path(tmp) / "final"
+        save_pretrained(trainer.model, tok, final_dir)
+        reward_end = _heldout(final_dir, env_name, eval_tasks)
+
+    marks = [timer.train_begin, *timer.end]
+    step_times = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    inside = [e - b for b, e in zip(timer.begin, timer.end, strict=False)]
+    logs = [h for h in trainer.state.log_history if "reward" in h]
+    completions = steps * prompts_per_step * group_size
+    half = max(len(step_times) // 2, 1)
+    return {
+        "impl": "trl",
+        "trl_version": __import__("trl").__version__,
+        "steps": len(timer.end),
+        "completions": completions,
+        "wall_s": round(wall_s, 3),
+        "step_s": round(statistics.median(step_times), 4) if step_times else None,
+        # Drift check: TRL with gradient checkpointing grows slower step by step.
+        "step_s_first_half": round(statistics.median(step_times[:half]), 4) if step_times else None,
+        "step_s_second_half": round(statistics.median(step_times[half:]), 4)
+        if step_times[half:]
+        else None,
+        "step_s_max": round(max(step_times), 4) if step_times else None,
+        "step_s_all": [round(t, 4) for t in step_times],
+        # Share of each step spent between on_step_begin and on_step_end (generation + update).
+        "step_inside_fraction": round(sum(inside) / max(sum(step_times), 1e-9), 4),
+        # TRL is one synchronous process: it is always either generating or training, never
+        # waiting on another component, so its one process is busy the whole run.
+        "busy_fraction": 1.0,
+        "completions_per_s": round(completions / wall_s, 3),
+        "reward_start": round(reward_start, 4),
+        "reward_end": round(reward_end, 4),
+        "reward_gain": round(reward_end - reward_start, 4),
+        "train_reward_first": round(logs[0]["reward"], 4) if logs else None,
+        "train_reward_last": round(logs[-1]["reward"], 4) if logs else None,
+        "train_reward_last5": round(statistics.mean(h["reward"] for h in logs[-5:]), 4)
+        if logs
+        else None,
+        "threads": timer.threads_seen,
+    }
+
+
+def main() -> None:
+    recipe = Recipe()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model-dir", type=Path, default=None, help="warm-started model directory")
+    ap.add_argument("--cache-dir", type=Path, default=Path(".cache"))
+    ap.add_argument("--model-seed", type=int, default=0)
+    ap.add_argument("--warm-start-steps", type=int, default=WARM_START.steps)
+    ap.add_argument("--env", default=recipe.env)
+    ap.add_argument("--steps", type=int, default=RL.steps)
+    ap.add_argument("--prompts", type=int, default=RL.prompts_per_step)
+    ap.add_argument("--group-size", type=int, default=recipe.group_size)
+    ap.add_argument("--max-new-tokens", type=int, default=recipe.max_new_tokens)
+    ap.add_argument("--temperature", type=float, default=recipe.temperature)
+    ap.add_argument("--lr", type=float, default=RL.lr)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-tasks", type=int, default=RL.eval_tasks)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model_dir = args.model_dir
+    if model_dir is None:
+        # The same directory deploy/local/cli.py's prepare_model builds and reuses.
+        out = args.cache_dir / "models" / f"warm-seed{args.model_seed}-steps{args.warm_start_steps}"
+        print(f"warm start -> {out}", file=sys.stderr)
+        model_dir = warm_start(
+            args.model_seed, out, seed=args.model_seed, steps=args.warm_start_steps, progress=None
+        )
+    result = run_trl(
+        model_dir,
+        env_name=args.env,
+        steps=args.steps,
+        prompts_per_step=args.prompts,
+        group_size=args.group_size,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        lr=args.lr,
+        seed=args.seed,
+        eval_tasks=args.eval_tasks,
+        threads=args.threads,
+    )
+    config = {**vars(args), "model_dir": model_dir}
+    print(json.dumps({"config": config, **result}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""`make bench-trainer`: the local network synchronous (async level 0) and asynchronous (2), and
+TRL's GRPOTrainer in one process, on the same model, task and rollout budget, on this machine.
+
+Writes bench/results/trainer.json with `sync`, `async` and `trl`, each
+`{"step_s", "busy_fraction", "reward_end", "wall_s", "completions_per_s", ...}`:
+
+- step_s: median seconds between consecutive optimizer steps (what a user waits per version);
+- busy_fraction: the trainer's compute time over wall time after its first step (TRL: 1.0, its
+  one process never waits on another);
+- reward_end: held-out greedy reward of the final policy (the evaluator make up reports);
+- wall_s: from the end of the first step to the end of the last (the network's start-up, chain
+  deploy and process launch, is reported apart as `startup_s`); TRL: its train() call;
+- completions_per_s: completions that reached an optimizer step per second of wall_s.
+
+The network runs also report CPU seconds per service: where the time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "trainer"))
+
+from prime_swarm.deploy.local.cli import heldout, prepare_model  # noqa: E402
+from prime_swarm.deploy.local.network import LocalNetwork  # noqa: E402
+from prime_swarm.deploy.local.settings import LocalNetworkSettings  # noqa: E402
+from prime_swarm.libs.rl.checkpoint import model_dir  # noqa: E402
+from prime_swarm.libs.rl.defaults import RL  # noqa: E402
+from prime_swarm.libs.rollout.recipe import Recipe  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "trainer.json"
+
+
+def run_network(settings: LocalNetworkSettings, init_dir: Path, run_dir: Path) -> dict:
+    net = LocalNetwork(settings, init_dir, run_dir)
+    started = time.monotonic()
+    try:
+        net.start()
+        launched = time.monotonic() - started
+        rows = net.follow(lambda row: None, timeout_s=settings.timeout_s)
+        cpu = net.cpu_seconds()
+        counts = net.stream_counts()
+    finally:
+        net.stop()
+    first, last = rows[0], rows[-1]
+    window = last.wall - first.wall
+    trained = sum(r.completions for r in rows[1:])
+    periods = [b.wall - a.wall for a, b in zip(rows, rows[1:], strict=False)]
+    return {
+        "step_s": round(statistics.median(periods), 4),
+        "step_compute_s": round(statistics.median(r.seconds for r in rows[1:]), 4),
+        "busy_fraction": round(last.busy_fraction, 4),
+        "reward_end": round(heldout(model_dir(run_dir / "checkpoints", last.step), settings), 4),
+        "wall_s": round(window, 3),
+        "completions_per_s": round(trained / window, 2),
+        # Launch to the trainer's first step: processes, chain deploy, first fetch and batch.
+        "startup_s": round(launched + first.wall, 1),
+        "steps": len(rows),
+        "async_level": settings.recipe.async_level,
+        "train_reward_last": round(last.mean_reward, 4),
+        "consumption_lag_histogram": _merge_hist(r.lag_histogram for r in rows),
+        "stale_dropped": last.stale_dropped,
+        "filtered_zero_variance": last.filtered_total,
+        "rollouts": counts,
+        "cpu_seconds": cpu,
+    }
+
+
+def _merge_hist(hists: object) -> dict[str, int]:
+    out: dict[int, int] = {}
+    for h in hists:  # type: ignore[attr-defined]
+        for k, v in h.items():
+            out[int(k)] = out.get(int(k), 0) + v
+    return {str(k): out[k] for k in sorted(out)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--steps", type=int, default=RL.steps)
+    ap.add_argument("--prompts", type=int, default=RL.prompts_per_step)
+    ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=RL.lr)
+    ap.add_argument("--only", choices=["sync", "async", "trl"], nargs="*")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    base = LocalNetworkSettings(
+        steps=args.steps, groups_per_step=args.prompts, workers=args.workers, lr=args.lr
+    )
+    init_dir = prepare_model(base, say=lambda _m: None)
+    recipe = base.recipe
+    result: dict[str, object] = {}
+    if args.out.exists():  # --only reruns one part and keeps the others
+        result = json.loads(args.out.read_text())
+    with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
+        for name, level in (("sync", 0), ("async", recipe.async_level or 2)):
+            if args.only and name not in args.only:
+                continue
+            settings = base.model_copy(
+                update={"recipe": Recipe(**{**recipe.model_dump(), "async_level": level})}
+            )
+            print(f"network, async level {level} ...", file=sys.stderr)
+            result[name] = run_network(settings, init_dir, Path(tmp) / name)
+            print(json.dumps(result[name]), file=sys.stderr)
+    if not args.only or "trl" in args.only:
+        from trl_baseline import run_trl
+
+        print("TRL GRPOTrainer ...", file=sys.stderr)
+        result["trl"] = run_trl(
+            init_dir,
+            env_name=recipe.env,
+            steps=args.steps,
+            prompts_per_step=args.prompts,
+            group_size=recipe.group_size,
+            max_new_tokens=recipe.max_new_tokens,
+            temperature=recipe.temperature,
+            lr=args.lr,
+            seed=0,
+            eval_tasks=base.eval_tasks,
+            threads=2,
+        )
+    result["config"] = {
+        "steps": args.steps,
+        "prompts_per_step": args.prompts,
+        "group_size": recipe.group_size,
+        "max_new_tokens": recipe.max_new_tokens,
+        "workers": args.workers,
+        "lr": args.lr,
+        "machine": f"{platform.machine()}, {_cores()} cores, torch {torch.__version__}",
+    }
+    result["ratios"] = _ratios(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["ratios"], indent=2))
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def _ratios(r: dict) -> dict[str, float]:
+    out = {}
+    if "sync" in r and "async" in r:
+        out["async_over_sync_step_s"] = round(r["async"]["step_s"] / r["sync"]["step_s"], 3)
+        out["async_over_sync_busy"] = round(
+            r["async"]["busy_fraction"] / max(r["sync"]["busy_fraction"], 1e-9), 3
+        )
+    if "async" in r and "trl" in r:
+        out["async_over_trl_completions_per_s"] = round(
+            r["async"]["completions_per_s"] / r["trl"]["completions_per_s"], 3
+        )
+        out["async_minus_trl_reward_end"] = round(
+            r["async"]["reward_end"] - r["trl"]["reward_end"], 4
+        )
+    return out
+
+
+if __name__ == "__main__":
+    main()

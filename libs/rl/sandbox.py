@@ -1,0 +1,531 @@
+"""Run untrusted Python source against tests in a resource-limited, audited subprocess.
+
+The code to run is a model's completion, and a validator runs completions that untrusted workers
+submitted, so it is hostile input. The guards, from the kernel up:
+
+- rlimits set between fork and exec: CPU seconds, address space, file size, open files, no core
+  files, no processes (RLIMIT_NPROC binds only non-root users: as root it does nothing, and the
+  audit hook below is what refuses forks);
+- a new session, so the whole process group is SIGKILLed on timeout or output flood, plus a wall
+  clock limit for code that sleeps or blocks rather than spins;
+- a fresh 0700 temporary directory as cwd, deleted afterwards; an empty environment (nothing of
+  the caller's, no credentials); stdin is /dev/null; stdout and stderr are read with a size cap;
+- `python -I -S -B`: no PYTHON* variables, no user site, no cwd on sys.path (so files the code
+  writes cannot shadow stdlib modules), no `site` (so no site-packages, no .pth hooks, no venv
+  packages; also no `exit()`/`quit()` builtins, which a solution calling them pays for with a
+  NameError), and no .pyc writes. With no site-packages the child runs `_child_main`'s source
+  alone, using builtin modules only;
+- in the child, before the code runs, an audit hook (`sys.addaudithook`, which cannot be removed)
+  that kills the process on: sockets, process creation, signals to other processes, ctypes,
+  subinterpreters, bytecode loading, writes outside the temp dir, reads outside the temp dir and
+  the stdlib, non-regular files (device nodes, FIFOs), symlinks, and importing native modules
+  that open those doors. Unaudited functions with the same powers (`os.pidfd_open`, `os.mknod`,
+  ...) are deleted from their modules, and so is `_imp.create_builtin`, which could re-create
+  them;
+- the child never sees the expected outputs: it reports what the function returned, and the
+  parent compares. A child that forges its report still has to produce the right answers.
+
+What this is not: a security boundary against native code execution. CPython documents audit
+hooks as unsuitable for sandboxing on their own, and a memory-corruption bug in the interpreter
+would bypass them. The kernel-enforced parts (rlimits, process group, wall clock, output cap)
+hold regardless; for hostile input at scale run the caller as an unprivileged user and add a
+namespace or seccomp layer (nsjail, bubblewrap, gVisor) around this.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import marshal
+import os
+import resource
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Reason = Literal["ok", "timeout", "memory", "error", "forbidden", "output_limit"]
+
+FORBIDDEN_EXIT = 86  # the child's exit status when its audit hook refused something
+MEMORY_EXIT = 87  # ... and when the code ran out of memory
+PAYLOAD_NAME = "payload.marshal"
+RESULT_MARKER = "\x1esandbox-result:"  # starts the child's report line on stdout
+
+
+@dataclass(frozen=True)
+class Limits:
+    wall_s: float = 5.0
+    cpu_s: int = 2
+    memory_bytes: int = 256 << 20  # address space; the bare interpreter needs ~20 MiB of it
+    file_bytes: int = 1 << 20  # largest file the code may write
+    max_files: int = 32  # files opened for writing plus directories made
+    output_bytes: int = 64 << 10  # stdout + stderr, the report included
+    max_source_chars: int = 64 << 10
+
+
+@dataclass(frozen=True)
+class Case:
+    args: tuple[Any, ...]  # plain data: None, bool, int, float, str, bytes, list, tuple, dict
+    expected: Any
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    passed: bool  # the code ran cleanly and every test passed
+    tests_passed: int
+    tests_total: int
+    reason: Reason  # how the run ended; "ok" means it ran to the end, passed or not
+    duration_s: float
+    detail: str = ""  # the tail of the child's stderr, for debugging
+
+
+def _child_main(payload: str, forbidden_exit: int, memory_exit: int, marker: str) -> None:
+    """The child's whole program: load the payload, arm the guards, run the calls, report.
+
+    Shipped to the child as source (see `_command`), so it must be self-contained and use builtin
+    modules only. Everything the guards rely on is bound as a default argument before untrusted
+    code runs, so that monkeypatching builtins or modules cannot change what they do, and the
+    state they keep is immutable (tuples, frozensets, an itertools.count that only goes up).
+    """
+    import builtins
+    import itertools
+    import marshal
+    import posix
+    import sys
+
+    write, exit_ = posix.write, posix._exit
+    with open(payload, "rb") as fh:
+        source, entry, calls, max_files = marshal.loads(fh.read())
+
+    sandbox = posix.getcwd() + "/"
+    # Under -S, sys.path is the stdlib alone (zip, lib, lib-dynload).
+    stdlib = tuple(posix._path_normpath(p) + "/" for p in sys.path if p.startswith("/"))
+    readable = (sandbox, *stdlib)
+    # The stdlib directory holds site-packages, which -S keeps off sys.path: keep it unreadable
+    # too, or the code could put it back and import whatever is installed there.
+    packages = tuple(root + sub for root in stdlib for sub in ("site-packages/", "dist-packages/"))
+
+    # Builtin modules are imported now because `_imp.create_builtin` goes next: it would re-create
+    # posix and _signal with the functions deleted below.
+    for name in sys.builtin_module_names:
+        __import__(name)
+    unaudited = {
+        # pidfd_open + pidfd_send_signal could kill the caller; mknod/mkfifo make special files
+        # anywhere; the sched_*/setpriority ones reach other processes.
+        posix: "mknod mkfifo pidfd_open setpriority sched_setaffinity sched_setscheduler"
+        " sched_setparam setns unshare".split(),
+        sys.modules["_signal"]: ["pidfd_send_signal"],
+        sys.modules["_imp"]: ["create_builtin"],
+    }
+    for module, names in unaudited.items():
+        for name in names:
+            if hasattr(module, name):
+                delattr(module, name)
+
+    def hook(
+        event,
+        args,
+        sandbox=(sandbox,),
+        readable=readable,
+        stdlib=stdlib,
+        packages=packages,
+        created=itertools.count(),
+        max_files=max_files,
+        type=type,
+        str=str,
+        bytes=bytes,
+        int=int,
+        next=next,
+        errors=(OSError, ValueError),
+        lstat=posix.lstat,
+        normpath=posix._path_normpath,
+        write=write,
+        exit_=exit_,
+        forbidden_exit=forbidden_exit,
+        writing=posix.O_WRONLY | posix.O_RDWR | posix.O_CREAT | posix.O_TRUNC | posix.O_APPEND,
+        denied=frozenset(
+            "os.system os.exec os.posix_spawn os.spawn os.fork os.forkpty subprocess.Popen"
+            " os.kill os.killpg signal.pthread_kill os.symlink os.link os.chdir os.chflags"
+            " os.chmod os.chown"
+            " os.lchflags os.lockf os.getxattr os.listxattr os.setxattr os.removexattr"
+            " os.startfile resource.setrlimit resource.prlimit sys.addaudithook sys.settrace"
+            " sys.setprofile gc.get_objects gc.get_referrers gc.get_referents code.__new__"
+            " marshal.load marshal.loads cpython.PyInterpreterState_New cpython.run_command"
+            " cpython.run_file cpython.run_module cpython.run_startup cpython.run_stdin"
+            " builtins.input builtins.breakpoint webbrowser.open urllib.Request".split()
+        ),
+        denied_prefixes=("socket.", "ctypes.", "sqlite3.", "syslog.", "fcntl.", "mmap."),
+        denied_modules=frozenset(
+            "_ctypes ctypes _ctypes_test _posixsubprocess subprocess _socket socket _ssl ssl"
+            " select selectors asyncio _asyncio _multiprocessing multiprocessing _posixshmem"
+            " concurrent _sqlite3 sqlite3 readline _curses _curses_panel curses _tkinter"
+            " tkinter _xxsubinterpreters _xxinterpchannels _testcapi _testinternalcapi"
+            " _testbuffer _testmultiphase _testimportmultiple _testclinic _xxtestfuzz"
+            " xxlimited xxlimited_35 mmap fcntl termios resource syslog pty _dbm _gdbm dbm nis"
+            " ossaudiodev spwd _crypt".split()
+        ),
+    ):
+        # Everything the hook uses is a parameter bound above, and all of it is immutable (an
+        # itertools.count only goes up), so that neither monkeypatching nor a frame of this
+        # function (which an exception inside it would expose) can change what it checks. It
+        # checks types before touching a value, so no code of the solution's (a str subclass's
+        # __eq__, an int's __and__) ever runs inside it.
+        ok = True
+        checks = []  # (path, roots): each path must resolve under one of its roots
+        counted = False  # creates a file or directory, which counts against max_files
+        if event in denied or event.startswith(denied_prefixes):
+            ok = False
+        elif event == "open":
+            path, mode, flags = args
+            if mode is None or type(flags) is not int:
+                # os.open: its dir_fd is not part of the event, so the path could not be checked.
+                ok = False
+            elif flags & writing:
+                checks.append((path, sandbox))
+                counted = True
+            else:
+                checks.append((path, readable))
+        elif event in ("os.listdir", "os.scandir"):
+            if args[0] is not None:
+                checks.append((args[0], readable))
+        elif event == "import":
+            name, filename = args[0], args[1]
+            ok = type(name) is str and denied_modules.isdisjoint(name.split("."))
+            if filename is not None:  # native code loads from the stdlib only
+                checks.append((filename, stdlib))
+        else:
+            # Events that modify paths: (path positions, dir_fd positions). A dir_fd would make
+            # a relative path mean something else than it seems, so it must be None.
+            where = {
+                "os.remove": ((0,), (1,)),
+                "os.rmdir": ((0,), (1,)),
+                "os.mkdir": ((0,), (2,)),
+                "os.utime": ((0,), (3,)),
+                "os.truncate": ((0,), ()),
+                "os.rename": ((0, 1), (2, 3)),
+            }.get(event)
+            if where is not None:
+                for i in where[0]:
+                    checks.append((args[i], sandbox))
+                for i in where[1]:
+                    # The event reports "no dir_fd" as -1 (None in a few versions).
+                    ok = ok and (args[i] is None or type(args[i]) is int and args[i] == -1)
+                counted = event == "os.mkdir"
+        for path, roots in checks:
+            # Only a plain str/bytes: an fd cannot be checked, and a PathLike's __fspath__ could
+            # answer differently when the operation itself asks.
+            if type(path) is bytes:
+                path = path.decode("utf-8", "surrogateescape")
+            if type(path) is not str:
+                ok = False
+                break
+            # Lexical normalisation is exact in the temp dir, where no symlink can be made; the
+            # lstat below also refuses a symlink as the last component anywhere.
+            path = normpath(path if path.startswith("/") else sandbox[0] + path)
+            slashed = path + "/"  # so that a root matches itself and what lies below it
+            if not slashed.startswith(roots) or slashed.startswith(packages):
+                ok = False
+                break
+            try:
+                kind = lstat(path).st_mode & 0o170000
+            except errors:
+                continue  # not there (yet): creating a regular file is fine
+            if kind != 0o100000 and kind != 0o040000:  # regular files and directories only
+                ok = False
+                break
+        if ok and counted:
+            ok = next(created) < max_files
+        if not ok:
+            what = event
+            for arg in args[:2]:
+                if type(arg) is str:  # a path or module name says what was tried
+                    what = what + " " + arg[:200]
+            write(2, b"\nsandbox: refused " + what.encode("utf-8", "replace") + b"\n")
+            exit_(forbidden_exit)
+
+    sys.addaudithook(hook)
+    del hook, unaudited, module
+
+    def plain(value, depth=0, type=type, exact=(type(None), bool, int, float, str, bytes)):
+        # Exact builtin types only: their repr cannot be overridden, so the report shows what
+        # was returned. Anything else is reported as unrepresentable and fails its test.
+        if type(value) in exact:
+            return True
+        if depth > 20:
+            return False
+        if type(value) in (list, tuple):
+            return all(plain(v, depth + 1) for v in value)
+        if type(value) is dict:
+            return all(plain(k, depth + 1) and plain(v, depth + 1) for k, v in value.items())
+        return False
+
+    outcomes = []
+    try:
+        namespace = {"__name__": "__solution__", "__builtins__": builtins}
+        try:
+            exec(compile(source, "<solution>", "exec"), namespace)
+            fn = namespace[entry]
+        except MemoryError:
+            exit_(memory_exit)
+        except BaseException as exc:  # noqa: BLE001 - SyntaxError, SystemExit, no `entry`...
+            write(2, ("\nsandbox: the source failed to load: " + ascii(exc)[:200]).encode())
+            exit_(1)
+        else:
+            for args in calls:
+                try:
+                    value = fn(*args)
+                except MemoryError:
+                    exit_(memory_exit)
+                except BaseException as exc:  # noqa: BLE001 - SystemExit too: one test fails
+                    outcomes.append(("raise", type(exc).__name__))
+                    continue
+                try:
+                    outcomes.append(("ok", value) if plain(value) else ("unrepresentable", None))
+                except RecursionError:
+                    outcomes.append(("unrepresentable", None))
+        # ascii(), not repr(): lone surrogates and the like stay escapes, so the line is ASCII.
+        data = memoryview(("\n" + marker + ascii(outcomes) + "\n").encode("ascii"))
+    except MemoryError:
+        exit_(memory_exit)
+    while data:
+        data = data[write(1, data) :]
+    # Straight out: no atexit handlers, finalizers or unflushed prints of the solution's.
+    exit_(0)
+
+
+@functools.cache
+def _harness() -> str:
+    # Read on first use rather than at import, so that importing the envs never depends on this
+    # file's source being present.
+    return inspect.getsource(_child_main)
+
+
+def _command(workdir: str) -> list[str]:
+    call = f"_child_main({PAYLOAD_NAME!r}, {FORBIDDEN_EXIT}, {MEMORY_EXIT}, {RESULT_MARKER!r})"
+    return [
+        sys.executable,
+        "-I",
+        "-S",
+        "-B",
+        "-X",
+        "utf8",  # stdout encoding independent of the (empty) environment
+        # No stdlib .pyc is ever found, so imports compile from source and the hook can refuse
+        # every marshal.loads: loading crafted bytecode is a classic way around audit hooks.
+        "-X",
+        f"pycache_prefix={workdir}/.no-pycache",
+        "-c",
+        f"{_harness()}\n{call}\n",
+    ]
+
+
+def _limit_setter(limits: Limits) -> Callable[[], None]:
+    """The preexec_fn that applies the rlimits in the child between fork and exec.
+
+    CPython warns that preexec_fn can deadlock the child when the parent has other threads (the
+    worker and validator do), because Python code then runs in a forked copy of a process whose
+    locks other threads may hold. That is acceptable here because the function is reduced to
+    calls of the C builtin `resource.setrlimit` with integers computed beforehand: no import,
+    no logging, no I/O, no lock. Setting the limits here rather than in the child's own code
+    means they already bind the interpreter's startup, and no untrusted code ever runs without
+    them; a `prlimit` wrapper process would do the same with an extra dependency.
+    """
+    wanted = {
+        resource.RLIMIT_CPU: (limits.cpu_s, limits.cpu_s + 1),  # soft: SIGXCPU; hard: SIGKILL
+        resource.RLIMIT_AS: (limits.memory_bytes, limits.memory_bytes),
+        resource.RLIMIT_FSIZE: (limits.file_bytes, limits.file_bytes),
+        resource.RLIMIT_NOFILE: (64, 64),
+        resource.RLIMIT_NPROC: (0, 0),
+        resource.RLIMIT_CORE: (0, 0),
+    }
+    settings = []
+    for which, (soft, hard) in wanted.items():
+        # Never above the current hard limit: raising it needs privileges and would fail.
+        _, current = resource.getrlimit(which)
+        if current != resource.RLIM_INFINITY:
+            soft, hard = min(soft, current), min(hard, current)
+        settings.append((which, (soft, hard)))
+    setrlimit = resource.setrlimit
+
+    def apply() -> None:
+        for which, value in settings:
+            setrlimit(which, value)
+
+    return apply
+
+
+@dataclass
+class _Run:
+    returncode: int | None
+    stdout: bytes
+    stderr: bytes
+    killed_for: Literal["timeout", "output_limit"] | None = None
+
+
+def _exited(pid: int, deadline: float) -> bool:
+    """Wait for `pid` to exit without reaping it, so its process group can still be killed."""
+    while True:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.002)
+
+
+def _run_child(cmd: list[str], workdir: str, limits: Limits) -> _Run:
+    deadline = time.monotonic() + limits.wall_s
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=workdir,
+            env={},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_limit_setter(limits),
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return _Run(None, b"", f"could not start the sandbox: {exc}".encode())
+    assert proc.stdout is not None and proc.stderr is not None
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    chunks: dict[int, list[bytes]] = {out_fd: [], err_fd: []}
+    killed_for: Literal["timeout", "output_limit"] | None = None
+    try:
+        size = 0
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            sel.register(proc.stderr, selectors.EVENT_READ)
+            while sel.get_map() and killed_for is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    killed_for = "timeout"
+                    break
+                for key, _ in sel.select(remaining):
+                    data = os.read(key.fd, 1 << 16)
+                    if not data:
+                        sel.unregister(key.fileobj)
+                        continue
+                    chunks[key.fd].append(data)
+                    size += len(data)
+                    if size > limits.output_bytes:
+                        killed_for = "output_limit"
+                        break
+        if killed_for is None and not _exited(proc.pid, deadline):
+            killed_for = "timeout"  # closed its output but kept running
+    finally:
+        # Always, and before reaping: the group then still exists even if the child is a
+        # zombie, and anything it might have started goes with it.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    return _Run(proc.returncode, b"".join(chunks[out_fd]), b"".join(chunks[err_fd]), killed_for)
+
+
+def _same(actual: Any, expected: Any) -> bool:
+    """Equality with exact types: `True` is not `1`, `(1, 2)` is not `[1, 2]`, `6.0` is not 6."""
+    if type(actual) is not type(expected):
+        return False
+    if isinstance(expected, list | tuple):
+        return len(actual) == len(expected) and all(map(_same, actual, expected))
+    if isinstance(expected, dict):
+        return actual.keys() == expected.keys() and all(
+            _same(actual[k], expected[k]) for k in expected
+        )
+    return bool(actual == expected)
+
+
+def _report(stdout: bytes, n: int) -> list[tuple[str, Any]] | None:
+    """The child's outcomes, or None when the report is missing or malformed."""
+    start = stdout.rfind(b"\n" + RESULT_MARKER.encode())
+    if start < 0:
+        return None
+    line = stdout[start + 1 + len(RESULT_MARKER) :].split(b"\n", 1)[0]
+    try:
+        outcomes = ast.literal_eval(line.decode("ascii"))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, UnicodeDecodeError):
+        return None
+    if (
+        type(outcomes) is not list
+        or len(outcomes) != n
+        or any(type(o) is not tuple or len(o) != 2 for o in outcomes)
+    ):
+        return None
+    return outcomes
+
+
+def _score(run: _Run, cases: Sequence[Case]) -> tuple[Reason, int]:
+    rc = run.returncode
+    if run.killed_for is not None:
+        return run.killed_for, 0
+    if rc == FORBIDDEN_EXIT:
+        return "forbidden", 0
+    if rc == MEMORY_EXIT or (rc != 0 and b"MemoryError" in run.stderr):
+        return "memory", 0
+    if rc in (-signal.SIGXCPU, -signal.SIGKILL):  # the CPU limit's soft and hard signals
+        return "timeout", 0
+    outcomes = _report(run.stdout, len(cases)) if rc == 0 else None
+    if outcomes is None:
+        return "error", 0
+    try:
+        passed = sum(
+            kind == "ok" and _same(value, case.expected)
+            for (kind, value), case in zip(outcomes, cases, strict=True)
+        )
+    except RecursionError:
+        return "error", 0
+    return "ok", passed
+
+
+def _remove(workdir: str) -> None:
+    # The code may have left directories it cannot list (os.mkdir's mode, a umask), which a
+    # non-root caller could then not delete: give them back to the owner first. The walk goes
+    # top-down, so each directory is opened up before it is entered.
+    for root, dirs, _ in os.walk(workdir):
+        for d in dirs:
+            path = os.path.join(root, d)
+            if not os.path.islink(path):
+                os.chmod(path, 0o700)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_tests(
+    source: str, entry: str, cases: Sequence[Case], limits: Limits | None = None
+) -> SandboxResult:
+    """Define `source` in a sandboxed interpreter and call `entry(*case.args)` for each case.
+
+    Never raises for anything the source does; a failure to even start the child is an "error"
+    result too. `case.args` must be marshal-able plain data (a ValueError otherwise).
+    """
+    limits = limits or Limits()
+    start = time.monotonic()
+    total = len(cases)
+    if len(source) > limits.max_source_chars:
+        return SandboxResult(False, 0, total, "error", 0.0, "source too long")
+    payload = marshal.dumps((source, entry, [tuple(c.args) for c in cases], limits.max_files))
+    workdir = tempfile.mkdtemp(prefix="prime-sandbox-")
+    try:
+        with open(os.path.join(workdir, PAYLOAD_NAME), "wb") as fh:
+            fh.write(payload)
+        run = _run_child(_command(workdir), workdir, limits)
+    finally:
+        _remove(workdir)
+    reason, passed = _score(run, cases)
+    return SandboxResult(
+        passed=reason == "ok" and passed == total,
+        tests_passed=passed,
+        tests_total=total,
+        reason=reason,
+        duration_s=time.monotonic() - start,
+        detail=run.stderr[-500:].decode("utf-8", "replace").strip(),
+    )
