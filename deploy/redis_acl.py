@@ -97,6 +97,7 @@ ORCHESTRATOR_KEYS = tuple(
             for k in (
                 orch_state.TASK_COUNTER,
                 orch_state.WORKERS,
+                orch_state.LIVE_WORKERS,
                 orch_state.LEASE,
                 orch_state.OPEN_LEASES,
                 orch_state.SUBMITTED,
@@ -108,7 +109,7 @@ ORCHESTRATOR_KEYS = tuple(
 )
 ORCHESTRATOR_COMMANDS = (
     "get", "set", "exists", "incrby", "expire",  # redis-py's incr() sends INCRBY
-    "sadd", "srem", "smembers",
+    "zadd", "zrem", "zcard", "zcount", "zremrangebyscore",
     "hset", "hexists", "hlen",
     # The rate limiter's Lua script (RateLimiter): redis-py runs it by EVALSHA and loads it on
     # NOSCRIPT. The script's own TIME/GET/SET calls are checked against this same user, so a
@@ -121,6 +122,8 @@ ORCHESTRATOR = Role(
     grants=(
         Grant(keys=ORCHESTRATOR_KEYS, commands=ORCHESTRATOR_COMMANDS),
         Grant(keys=(streams.ROLLOUTS_SUBMITTED,), commands=("xadd", "xlen", "xinfo|groups")),
+        # Lease admission counts what the trainer has not consumed yet.
+        Grant(keys=(streams.ROLLOUTS_VERIFIED,), commands=("xinfo|groups",), read_only=True),
         Grant(keys=(streams.POLICY_ANNOUNCEMENTS,), commands=("xrevrange",), read_only=True),
     ),
 )

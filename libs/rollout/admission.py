@@ -6,6 +6,7 @@ the trainer's staleness drop and the lease's minimum version come from the same 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from prime_swarm.protocol.messages import Lease, RejectReason, RolloutSubmission
@@ -63,3 +64,32 @@ def check_admission(
     """Everything decidable without the model: lease match, then staleness."""
     check_answers_lease(sub, lease)
     check_version(sub.policy_version, current_version, async_level, lease.min_policy_version)
+
+
+def fair_share(max_in_flight: int, live_workers: int, spread: float) -> int:
+    """Open leases one worker may hold: `spread` times its even part of the in-flight budget.
+
+    Without it the first worker to ask after a new version takes the whole budget, and the
+    others idle, generating nothing, until it is spent - the pool runs at one worker's speed.
+    """
+    return max(1, math.ceil(spread * max_in_flight / max(1, live_workers)))
+
+
+def lease_grant(
+    requested: int,
+    worker_open: int,
+    max_per_worker: int,
+    in_flight: int,
+    max_in_flight: int,
+    share: int | None = None,
+) -> int:
+    """How many of `requested` leases to hand out now.
+
+    `in_flight` counts the pool's groups leased but not yet trained (open leases, awaiting
+    validation, awaiting the trainer). Capping it keeps the trainer fed - about two steps of
+    work waiting - while bounding how stale that work gets before it is trained: leasing
+    more than the trainer can consume within the async bound only produces refusals. `share`
+    (from `fair_share`) bounds one worker's open leases so the budget spreads over the pool.
+    """
+    per_worker = max_per_worker if share is None else min(max_per_worker, share)
+    return max(0, min(requested, per_worker - worker_open, max_in_flight - in_flight))

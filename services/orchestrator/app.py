@@ -19,7 +19,7 @@ from .deps import Pool
 from .routes import router
 from .settings import OrchestratorSettings
 from .standing import StandingBook
-from .state import LeaseBook, PolicyTracker
+from .state import LeaseBook, PolicyTracker, WorkerRoster
 
 
 def create_app(settings: OrchestratorSettings) -> FastAPI:
@@ -39,6 +39,7 @@ def create_app(settings: OrchestratorSettings) -> FastAPI:
             redis=redis,
             policy=PolicyTracker(redis, settings),
             leases=LeaseBook(redis, settings),
+            workers=WorkerRoster(redis, settings),
             standing=StandingBook(
                 ledger,
                 limiter,

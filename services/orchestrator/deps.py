@@ -15,7 +15,7 @@ from prime_swarm.libs.guard.ratelimit import Limited, RateLimiter
 from . import metrics
 from .settings import OrchestratorSettings
 from .standing import StandingBook
-from .state import LeaseBook, PolicyTracker
+from .state import LeaseBook, PolicyTracker, WorkerRoster
 
 
 @dataclass
@@ -24,6 +24,7 @@ class Pool:
     redis: Redis
     policy: PolicyTracker
     leases: LeaseBook
+    workers: WorkerRoster
     standing: StandingBook
     limiter: RateLimiter
 

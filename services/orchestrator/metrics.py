@@ -9,3 +9,6 @@ LEASES_ISSUED = Counter("orchestrator_leases_issued_total", "Leases handed to wo
 SUBMISSIONS = Counter("orchestrator_submissions_total", "Submissions admitted to validation")
 WORKERS_SEEN = Gauge("orchestrator_workers_registered", "Workers registered with this pool")
 POLICY_VERSION = Gauge("orchestrator_policy_version", "Latest announced policy version")
+IN_FLIGHT = Gauge(
+    "orchestrator_in_flight_groups", "Groups leased but not yet trained (lease admission input)"
+)

@@ -6,12 +6,18 @@ import hashlib
 import logging
 import time
 
-from fastapi import APIRouter
-from redis.exceptions import ResponseError
+from fastapi import APIRouter, HTTPException
+from redis.exceptions import NoPermissionError, ResponseError
 
 from prime_swarm.libs.chain.errors import ChainError
 from prime_swarm.libs.guard.ratelimit import Limited
-from prime_swarm.libs.rollout.admission import Refusal, check_admission, check_version
+from prime_swarm.libs.rollout.admission import (
+    Refusal,
+    check_admission,
+    check_version,
+    fair_share,
+    lease_grant,
+)
 from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.streams.consumer import group_backlog
 from prime_swarm.protocol import streams
@@ -23,14 +29,16 @@ from prime_swarm.protocol.messages import (
     RegisterReply,
     RegisterRequest,
     RolloutSubmission,
+    SubmissionBatch,
+    SubmitBatchReply,
     SubmitReply,
+    SubmitResult,
     SubmittedRollout,
 )
 from prime_swarm.protocol.signing import AuthError, require_signer_is
 
 from . import metrics
 from .deps import Pool, PoolDep, Signer, rate_limited, refuse
-from .state import WORKERS
 
 log = logging.getLogger("orchestrator")
 router = APIRouter(prefix="/v1")
@@ -50,7 +58,7 @@ def check_identity(route: str, signer: str, worker: str, pool: Pool, pool_id: in
 
 
 async def check_registered(route: str, pool: Pool, worker: str) -> None:
-    if not await pool.redis.hexists(WORKERS, worker.lower()):
+    if not await pool.workers.is_registered(worker):
         raise refuse(
             route, 403, "worker is not registered; call /v1/register first", "not_registered"
         )
@@ -88,8 +96,7 @@ async def register(body: RegisterRequest, signer: Signer, pool: PoolDep) -> Regi
         )
     pool.standing.forget(body.worker)  # a worker registering has often just staked
     await check_standing("registration", pool, body.worker)
-    await pool.redis.hset(WORKERS, body.worker.lower(), time.time())
-    metrics.WORKERS_SEEN.set(await pool.redis.hlen(WORKERS))
+    metrics.WORKERS_SEEN.set(await pool.workers.register(body.worker))
     log.info("worker registered", extra={"fields": {"worker": body.worker}})
     return RegisterReply(
         worker=body.worker,
@@ -103,7 +110,7 @@ async def register(body: RegisterRequest, signer: Signer, pool: PoolDep) -> Regi
 async def heartbeat(body: Heartbeat, signer: Signer, pool: PoolDep) -> HeartbeatReply:
     check_identity("heartbeat", signer, body.worker, pool, body.pool_id)
     await check_registered("heartbeat", pool, body.worker)
-    await pool.redis.hset(WORKERS, body.worker.lower(), time.time())
+    await pool.workers.seen(body.worker)
     ann = await pool.policy.latest()
     if ann is not None:
         metrics.POLICY_VERSION.set(ann.version)
@@ -117,32 +124,51 @@ async def lease(body: LeaseRequest, signer: Signer, pool: PoolDep) -> LeaseReply
     await check_standing("lease", pool, body.worker)
     info = await pool.policy.info()
     if info is None:
-        return LeaseReply(lease=None, retry_after_s=1.0)
+        return LeaseReply(retry_after_s=1.0)
     try:
         check_version(body.policy_version, info.version, pool.settings.recipe.async_level)
     except Refusal as exc:
         status = REFUSAL_STATUS.get(exc.reason, 422)
         raise refuse("lease", status, f"{exc.detail}; fetch v{info.version}", exc.reason) from exc
-    if await pool.leases.open_count(body.worker) >= pool.settings.max_open_leases_per_worker:
+    settings = pool.settings
+    worker_open = await pool.leases.open_count(body.worker)
+    if worker_open >= settings.max_open_leases_per_worker:
         raise refuse(
             "lease", 429, "too many open leases; submit or let them expire", "too_many_leases"
         )
-    backlog = await pool.redis.xlen(streams.ROLLOUTS_SUBMITTED)
-    pending = await _validation_backlog(pool)
-    if pending >= pool.settings.max_submitted_backlog:
-        log.debug("backlog %s of %s entries", pending, backlog)
-        return LeaseReply(lease=None, retry_after_s=1.0)
-    issued = await pool.leases.issue(body.worker, pool.settings.pool_id, info.min_version)
-    metrics.LEASES_ISSUED.inc()
-    return LeaseReply(lease=issued)
+    await pool.workers.seen(body.worker)
+    in_flight = await in_flight_groups(pool)
+    live = await pool.workers.live_count()
+    grant = lease_grant(
+        body.count,
+        worker_open,
+        settings.max_open_leases_per_worker,
+        in_flight,
+        settings.max_in_flight_groups,
+        share=fair_share(settings.max_in_flight_groups, live, settings.lease_spread),
+    )
+    metrics.IN_FLIGHT.set(in_flight)
+    if grant == 0:  # enough work in flight: the trainer would only see it stale
+        return LeaseReply(policy=info, retry_after_s=0.2)
+    issued = await pool.leases.issue(body.worker, settings.pool_id, info.min_version, grant)
+    metrics.LEASES_ISSUED.inc(len(issued))
+    return LeaseReply(leases=issued, policy=info)
 
 
-async def _validation_backlog(pool: Pool) -> int:
-    try:
-        groups = await pool.redis.xinfo_groups(streams.ROLLOUTS_SUBMITTED)
-    except ResponseError:  # stream not created yet: nothing waits
-        return 0
-    return group_backlog(groups, streams.VALIDATOR_GROUP)
+async def in_flight_groups(pool: Pool) -> int:
+    """Groups leased but not yet consumed by the trainer."""
+    waiting = 0
+    for stream, group in (
+        (streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP),
+        (streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP),
+    ):
+        try:
+            waiting += group_backlog(await pool.redis.xinfo_groups(stream), group)
+        except NoPermissionError:
+            raise
+        except ResponseError:  # stream not created yet: nothing waits
+            pass
+    return await pool.leases.open_count() + waiting
 
 
 @router.post("/submit", response_model=SubmitReply)
@@ -150,26 +176,60 @@ async def submit(body: RolloutSubmission, signer: Signer, pool: PoolDep) -> Subm
     check_identity("submit", signer, body.worker, pool, body.pool_id)
     await check_registered("submit", pool, body.worker)
     await check_standing("submit", pool, body.worker)
+    return SubmitReply(submission_id=await admit("submit", body, pool))
+
+
+@router.post("/submit/batch", response_model=SubmitBatchReply, name="submit_batch")
+async def submit_batch(body: SubmissionBatch, signer: Signer, pool: PoolDep) -> SubmitBatchReply:
+    """Each submission is admitted or refused on its own, exactly as `/v1/submit` would."""
+    route = "submit_batch"
+    check_identity(route, signer, body.worker, pool, body.pool_id)
+    await check_registered(route, pool, body.worker)
+    await check_standing(route, pool, body.worker)
+    results = []
+    for sub in body.submissions:
+        try:
+            if sub.worker.lower() != body.worker.lower() or sub.pool_id != body.pool_id:
+                raise refuse(route, 403, "a batch carries its signer's own work only", "foreign")
+            sid = await admit(route, sub, pool)
+            results.append(SubmitResult(lease_id=sub.lease_id, status=200, submission_id=sid))
+        except HTTPException as exc:
+            detail = exc.detail if isinstance(exc.detail, dict) else {}
+            results.append(
+                SubmitResult(
+                    lease_id=sub.lease_id,
+                    status=exc.status_code,
+                    reason=detail.get("reason"),
+                    message=str(detail.get("message", ""))[:300],
+                )
+            )
+    return SubmitBatchReply(results=results)
+
+
+async def admit(route: str, body: RolloutSubmission, pool: Pool) -> str:
+    """Admit one submission of an identified, registered worker in good standing to the
+    validation stream; refusals raise (HTTPException with the reason)."""
     lease = await pool.leases.get(body.lease_id)
     if lease is None:
-        raise refuse("submit", 404, f"unknown or expired lease {body.lease_id}", "unknown_lease")
+        raise refuse(route, 404, f"unknown or expired lease {body.lease_id}", "unknown_lease")
     if lease.worker.lower() != body.worker.lower():
-        raise refuse("submit", 403, "this lease was issued to another worker", "foreign_lease")
+        raise refuse(route, 403, "this lease was issued to another worker", "foreign_lease")
     if time.time() > lease.expires_at:
-        raise refuse("submit", 410, "the lease expired before submission", "lease_expired")
+        raise refuse(route, 410, "the lease expired before submission", "lease_expired")
     if acceptance_for(body.backend) is None:
-        raise refuse("submit", 422, f"backend {body.backend!r} is not calibrated", "malformed")
+        raise refuse(route, 422, f"backend {body.backend!r} is not calibrated", "malformed")
     info = await pool.policy.info()
     try:
         check_admission(body, lease, info.version if info else -1, pool.settings.recipe.async_level)
     except Refusal as exc:
-        raise refuse("submit", REFUSAL_STATUS.get(exc.reason, 422), exc.detail, exc.reason) from exc
+        await pool.leases.close(lease)  # refused work frees its slot at once, not at expiry
+        raise refuse(route, REFUSAL_STATUS.get(exc.reason, 422), exc.detail, exc.reason) from exc
     submission_id = hashlib.sha256(f"{body.lease_id}:{body.content_hash()}".encode()).hexdigest()[
         :32
     ]
     if not await pool.leases.mark_submitted(lease, submission_id):
-        raise refuse("submit", 409, "this lease was already answered", "duplicate")
+        raise refuse(route, 409, "this lease was already answered", "duplicate")
     entry = SubmittedRollout(submission_id=submission_id, lease=lease, submission=body)
     await pool.redis.xadd(streams.ROLLOUTS_SUBMITTED, streams.encode(entry))
     metrics.SUBMISSIONS.inc()
-    return SubmitReply(submission_id=submission_id)
+    return submission_id

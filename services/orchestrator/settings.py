@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -18,16 +20,21 @@ class RouteRates(BaseModel):
         description="Registrations: once per session, so a handful is plenty.",
     )
     heartbeat: Rate = Field(
-        default_factory=lambda: Rate(per_second=2.0, burst=10),
-        description="Heartbeats: workers send one every `heartbeat_interval_s`.",
+        default_factory=lambda: Rate(per_second=5.0, burst=20),
+        description="Heartbeats: one every `heartbeat_interval_s`, plus one per policy version "
+        "a worker learns it is stale (every step of a synchronous pool).",
     )
     lease: Rate = Field(
         default_factory=lambda: Rate(per_second=20.0, burst=40),
-        description="Lease requests: one per group generated, more while the pool is idle.",
+        description="Lease requests: one per batch generated, more while the pool is idle.",
     )
     submit: Rate = Field(
-        default_factory=lambda: Rate(per_second=20.0, burst=40),
-        description="Submissions: one per lease.",
+        default_factory=lambda: Rate(per_second=50.0, burst=100),
+        description="Submissions: one per lease; a fast worker answers dozens a second.",
+    )
+    submit_batch: Rate = Field(
+        default_factory=lambda: Rate(per_second=10.0, burst=20),
+        description="Batched submissions: one per generated batch of leases.",
     )
 
 
@@ -47,13 +54,37 @@ class OrchestratorSettings(BaseSettings):
         default_factory=Recipe, description="The pool's recipe (PRIME_RECIPE_* variables)."
     )
     task_seed: int = Field(0, description="Seed of the training task stream.")
+    task_file: Path | None = Field(
+        None,
+        description="Tasks to lease, from `prime-swarm filter-tasks` (those whose pass rate under "
+        "the policy is inside a band); None leases the env's whole train split.",
+    )
     lease_ttl_s: float = Field(120.0, gt=0, description="How long a worker may hold a lease.")
     heartbeat_interval_s: float = Field(2.0, gt=0, description="Interval workers should keep.")
-    max_open_leases_per_worker: int = Field(
-        4, ge=1, description="Admission control: open leases a single worker may hold."
+    heartbeat_ttl_s: float = Field(
+        30.0,
+        gt=0,
+        description="A worker not heard from (heartbeat or lease request) for this long no "
+        "longer counts as live when the in-flight budget is shared out.",
     )
-    max_submitted_backlog: int = Field(
-        2000, ge=1, description="Refuse new leases while this many rollouts await validation."
+    lease_spread: float = Field(
+        1.5,
+        ge=1.0,
+        description="How unevenly leases may spread: a worker holds at most this many times its "
+        "even share of `max_in_flight_groups` over the live workers (1 = strictly even).",
+    )
+    max_open_leases_per_worker: int = Field(
+        64,
+        ge=1,
+        description="Open leases one worker may hold (a batch being generated plus the one "
+        "being proved and submitted).",
+    )
+    max_in_flight_groups: int = Field(
+        64,
+        ge=1,
+        description="Groups leased but not yet trained, pool-wide (open leases, awaiting "
+        "validation, awaiting the trainer): about two trainer steps keeps the trainer busy "
+        "without leasing work that turns stale before it is trained.",
     )
     max_clock_skew_s: float = Field(30.0, gt=0, description="Signed-request timestamp window.")
     rate_limits: RouteRates = Field(

@@ -9,6 +9,8 @@ from redis.asyncio import Redis
 
 from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rl.envs.base import hash_int
+from prime_swarm.libs.rl.filtering import load_task_list
+from prime_swarm.libs.rl.reward import budget_for, with_budget
 from prime_swarm.libs.rollout.admission import oldest_admitted
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import Lease, PolicyAnnouncement, PolicyInfo, SamplingParams
@@ -16,9 +18,12 @@ from prime_swarm.protocol.messages import Lease, PolicyAnnouncement, PolicyInfo,
 from .settings import OrchestratorSettings
 
 TASK_COUNTER = "orch:task_counter"
-WORKERS = "orch:workers"  # hash: address -> last heartbeat time
+WORKERS = "orch:workers"  # hash: address -> registration time
+LIVE_WORKERS = "orch:live_workers"  # sorted set: address scored by when it was last heard from
 LEASE = "orch:lease:{lease_id}"
-OPEN_LEASES = "orch:open_leases:{worker}"  # set of lease ids per worker
+# Sorted sets of open lease ids scored by expiry: per worker, and pool-wide for admission.
+OPEN_LEASES = "orch:open_leases:{worker}"
+ALL_OPEN_LEASES = "orch:open_leases"
 SUBMITTED = "orch:submitted:{lease_id}"
 
 
@@ -51,55 +56,105 @@ class PolicyTracker:
         )
 
 
+class WorkerRoster:
+    """Who registered, and who has been heard from (heartbeat, lease) within the TTL."""
+
+    def __init__(self, redis: Redis, settings: OrchestratorSettings) -> None:
+        self.redis, self.settings = redis, settings
+
+    async def register(self, worker: str) -> int:
+        """Record the worker and count it live; returns how many workers ever registered."""
+        now = time.time()
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(WORKERS, worker.lower(), now)
+            pipe.zadd(LIVE_WORKERS, {worker.lower(): now})
+            pipe.hlen(WORKERS)
+            *_, registered = await pipe.execute()
+        return int(registered)
+
+    async def is_registered(self, worker: str) -> bool:
+        return bool(await self.redis.hexists(WORKERS, worker.lower()))
+
+    async def seen(self, worker: str) -> None:
+        await self.redis.zadd(LIVE_WORKERS, {worker.lower(): time.time()})
+
+    async def live_count(self) -> int:
+        since = time.time() - self.settings.heartbeat_ttl_s
+        return int(await self.redis.zcount(LIVE_WORKERS, since, "+inf"))
+
+
 class LeaseBook:
     """Hands out tasks in order, so no worker chooses its prompt, and remembers who holds what."""
 
     def __init__(self, redis: Redis, settings: OrchestratorSettings) -> None:
         self.redis, self.settings = redis, settings
         self.env = get_env(settings.recipe.env)
+        # Read once: a task list is fixed for the run, and a bad file should stop start-up, not
+        # the first lease.
+        self.task_ids: list[str] | None = (
+            load_task_list(settings.task_file, settings.recipe.env)
+            if settings.task_file is not None
+            else None
+        )
 
-    async def open_count(self, worker: str) -> int:
-        key = OPEN_LEASES.format(worker=worker.lower())
-        # Drop ids whose lease record expired: they no longer count against the worker.
-        ids = await self.redis.smembers(key)
-        live = 0
-        for lid in ids:
-            lid_s = lid.decode() if isinstance(lid, bytes) else lid
-            if await self.redis.exists(LEASE.format(lease_id=lid_s)):
-                live += 1
-            else:
-                await self.redis.srem(key, lid)
-        return live
+    async def open_count(self, worker: str | None = None) -> int:
+        """Unexpired open leases of `worker`, or of the whole pool."""
+        key = OPEN_LEASES.format(worker=worker.lower()) if worker else ALL_OPEN_LEASES
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zremrangebyscore(key, "-inf", time.time())  # expired ones no longer count
+            pipe.zcard(key)
+            _, count = await pipe.execute()
+        return int(count)
 
-    async def issue(self, worker: str, pool_id: int, min_version: int) -> Lease:
-        index = int(await self.redis.incr(TASK_COUNTER)) - 1
-        # The pool's task stream is a pure function of (seed, counter): workers cannot steer it.
-        task_index = hash_int("lease", self.settings.task_seed, index, nbytes=6)
-        task = self.env.task_from_id(self.env.task_id("train", task_index))
+    async def issue(self, worker: str, pool_id: int, min_version: int, count: int) -> list[Lease]:
+        """`count` leases of consecutive tasks of the pool's stream, recorded in one round trip."""
+        last = int(await self.redis.incrby(TASK_COUNTER, count))
         recipe = self.settings.recipe
         now = time.time()
-        lease = Lease(
-            lease_id=secrets.token_hex(12),
-            worker=worker,
-            pool_id=pool_id,
-            env=recipe.env,
-            task_id=task.task_id,
-            prompt=task.prompt,
-            group_size=recipe.group_size,
-            sampling=SamplingParams(
-                temperature=recipe.temperature, max_new_tokens=recipe.max_new_tokens
-            ),
-            seed=secrets.randbits(62),
-            min_policy_version=min_version,
-            expires_at=now + self.settings.lease_ttl_s,
-        )
+        leases = []
+        for index in range(last - count, last):
+            # The pool's task stream is a pure function of (seed, counter): no worker steers it.
+            pick = hash_int("lease", self.settings.task_seed, index, nbytes=6)
+            if self.task_ids is not None:
+                task = self.env.task_from_id(self.task_ids[pick % len(self.task_ids)])
+            else:
+                task = self.env.task_from_id(self.env.task_id("train", pick))
+            target = budget_for(index, recipe.length_reward)
+            leases.append(
+                Lease(
+                    lease_id=secrets.token_hex(12),
+                    worker=worker,
+                    pool_id=pool_id,
+                    env=recipe.env,
+                    task_id=task.task_id,
+                    prompt=with_budget(task.prompt, target, recipe.length_reward),
+                    target_tokens=target,
+                    group_size=recipe.group_size,
+                    sampling=SamplingParams(
+                        temperature=recipe.temperature, max_new_tokens=recipe.max_new_tokens
+                    ),
+                    seed=secrets.randbits(62),
+                    min_policy_version=min_version,
+                    expires_at=now + self.settings.lease_ttl_s,
+                )
+            )
         ttl = int(self.settings.lease_ttl_s) + 60
+        mine = OPEN_LEASES.format(worker=worker.lower())
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(LEASE.format(lease_id=lease.lease_id), lease.model_dump_json(), ex=ttl)
-            pipe.sadd(OPEN_LEASES.format(worker=worker.lower()), lease.lease_id)
-            pipe.expire(OPEN_LEASES.format(worker=worker.lower()), ttl)
+            for lease in leases:
+                pipe.set(LEASE.format(lease_id=lease.lease_id), lease.model_dump_json(), ex=ttl)
+                pipe.zadd(mine, {lease.lease_id: lease.expires_at})
+                pipe.zadd(ALL_OPEN_LEASES, {lease.lease_id: lease.expires_at})
+            pipe.expire(mine, ttl)
             await pipe.execute()
-        return lease
+        return leases
+
+    async def close(self, lease: Lease) -> None:
+        """The lease no longer counts as open work (answered, or refused beyond repair)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrem(OPEN_LEASES.format(worker=lease.worker.lower()), lease.lease_id)
+            pipe.zrem(ALL_OPEN_LEASES, lease.lease_id)
+            await pipe.execute()
 
     async def get(self, lease_id: str) -> Lease | None:
         raw = await self.redis.get(LEASE.format(lease_id=lease_id))
@@ -114,5 +169,5 @@ class LeaseBook:
             ex=int(self.settings.lease_ttl_s) * 10,
         )
         if first:
-            await self.redis.srem(OPEN_LEASES.format(worker=lease.worker.lower()), lease.lease_id)
+            await self.close(lease)
         return bool(first)
