@@ -187,6 +187,19 @@ class LedgerClient:
         (event,) = self._events_in(receipt, "StakeWithdrawn")
         return int(event["args"]["amount"])
 
+    def eject(self, pool_id: int, worker: str, reason: str) -> LeaveResult:
+        """End `worker`'s membership as the pool's owner (no slash): its stake unbonds as after
+        `leave`. `reason` (at most 64 bytes on chain) lands in the WorkerEjected event."""
+        reason = reason.encode()[:64].decode(errors="ignore")
+        call = self.contract.functions.eject(pool_id, to_address(worker), reason)
+        receipt = self._send(call, "eject")
+        (event,) = self._events_in(receipt, "WorkerEjected")
+        return LeaveResult(
+            stake=int(event["args"]["stake"]),
+            unbonding_until=int(event["args"]["unbonding_until"]),
+            tx=_tx_info(receipt),
+        )
+
     def unbonding_until(self, pool_id: int, worker: str) -> int:
         """First block `withdraw` pays `worker` from; 0 for a member or after a withdrawal."""
         return self._call(

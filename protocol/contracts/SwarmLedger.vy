@@ -121,6 +121,14 @@ event WorkerLeft:
     stake: uint256
     unbonding_until: uint256
 
+# Membership ended by the pool owner; the stake unbonds exactly as after `leave`.
+event WorkerEjected:
+    pool_id: indexed(uint256)
+    worker: indexed(address)
+    stake: uint256
+    unbonding_until: uint256
+    reason: String[64]
+
 event StakeWithdrawn:
     pool_id: indexed(uint256)
     worker: indexed(address)
@@ -331,14 +339,34 @@ def leave(pool_id: uint256) -> uint256:
     @return The block from which `withdraw` pays out.
     """
     assert self.is_member[pool_id][msg.sender], "not a member"
-    until: uint256 = block.number + UNBONDING_BLOCKS
-    self.is_member[pool_id][msg.sender] = False
-    self.unbonding_until[pool_id][msg.sender] = until
+    until: uint256 = self._start_unbonding(pool_id, msg.sender)
     log WorkerLeft(
         pool_id=pool_id,
         worker=msg.sender,
         stake=self.stake_of[pool_id][msg.sender],
         unbonding_until=until,
+    )
+    return until
+
+
+@external
+def eject(pool_id: uint256, worker: address, reason: String[64]) -> uint256:
+    """
+    @notice The pool owner ends a worker's membership, e.g. one that stopped
+            answering heartbeats: the same unbonding as `leave`, no slash.
+            Misbehaviour is answered by `slash`, not here: ejection takes
+            nothing, so an owner cannot profit from it.
+    @return The block from which the worker's `withdraw` pays out.
+    """
+    self._check_owner(pool_id)
+    assert self.is_member[pool_id][worker], "not a member"
+    until: uint256 = self._start_unbonding(pool_id, worker)
+    log WorkerEjected(
+        pool_id=pool_id,
+        worker=worker,
+        stake=self.stake_of[pool_id][worker],
+        unbonding_until=until,
+        reason=reason,
     )
     return until
 
@@ -506,6 +534,14 @@ def claim_rewards(pool_id: uint256) -> uint256:
 
 
 # --- internal ---------------------------------------------------------------
+
+
+@internal
+def _start_unbonding(pool_id: uint256, worker: address) -> uint256:
+    until: uint256 = block.number + UNBONDING_BLOCKS
+    self.is_member[pool_id][worker] = False
+    self.unbonding_until[pool_id][worker] = until
+    return until
 
 
 @view

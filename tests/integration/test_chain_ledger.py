@@ -80,11 +80,8 @@ def mine_until(client: LedgerClient, block: int) -> None:
 
 
 def event_names(client: LedgerClient, pool_id: int, from_block: int) -> list[str]:
-    names = [
-        "PoolCreated", "OrchestratorUrlChanged", "TrainerChanged", "PoolFunded", "WorkerJoined",
-        "StakeAdded", "WorkerLeft", "StakeWithdrawn", "ValidatorRegistered", "ValidatorRemoved",
-        "WorkAttested", "WorkSkipped", "WorkerSlashed", "RewardsClaimed",
-    ]  # fmt: skip
+    # Every event of the ABI, so a new one cannot slip past a test's exact list.
+    names = [item["name"] for item in client.contract.abi if item["type"] == "event"]
     found = [
         (ev["blockNumber"], ev["logIndex"], name)
         for name in names
@@ -591,3 +588,29 @@ def test_concurrent_accounts_and_a_shared_client(actors: Actors, anvil: Anvil) -
     assert errors == []
     assert actors.reader.pool_funds(pid) == len(clients) * 3 + 6
     assert all(actors.reader.is_member(pid, Actors.addr(c)) for c in clients)
+
+
+def test_owner_ejects_a_member_without_a_slash(actors: Actors, pool: int) -> None:
+    worker, me = actors.workers[0], Actors.addr(actors.workers[0])
+    start = actors.reader.block_number() + 1
+    for stranger in (actors.stranger, worker, actors.validator):
+        with pytest.raises(ChainRevert, match="not the pool owner"):
+            stranger.eject(pool, me, "silent")
+    with pytest.raises(ChainRevert, match="not a member"):
+        actors.owner.eject(pool, Actors.addr(actors.stranger), "silent")
+
+    ejected = actors.owner.eject(pool, me, "no heartbeat for 300 s " + "é" * 40)
+    assert ejected.stake == MIN_STAKE  # nothing taken
+    assert ejected.unbonding_until == ejected.tx.block_number + UNBONDING
+    assert not actors.reader.is_member(pool, me)
+    assert actors.reader.stake_of(pool, me) == MIN_STAKE
+    [ev] = actors.reader.events("WorkerEjected", from_block=start, pool_id=pool)
+    assert ev["args"]["worker"] == me and ev["args"]["reason"].startswith("no heartbeat for 300 s")
+    assert len(ev["args"]["reason"].encode()) <= 64
+    assert event_names(actors.reader, pool, start) == ["WorkerEjected"]
+    with pytest.raises(ChainRevert, match="not a member"):
+        actors.owner.eject(pool, me, "again")
+
+    # The stake comes back exactly as after `leave`; rejoining cancels nothing owed.
+    mine_until(actors.reader, ejected.unbonding_until)
+    assert worker.withdraw(pool) == MIN_STAKE
