@@ -98,9 +98,11 @@ ORCHESTRATOR_KEYS = tuple(
                 orch_state.TASK_COUNTER,
                 orch_state.WORKERS,
                 orch_state.LIVE_WORKERS,
+                orch_state.EJECTED,
                 orch_state.LEASE,
                 orch_state.OPEN_LEASES,
                 orch_state.SUBMITTED,
+                orch_state.REISSUED,
                 NONCE_KEY,
                 RATE_KEY,
             )
@@ -109,8 +111,8 @@ ORCHESTRATOR_KEYS = tuple(
 )
 ORCHESTRATOR_COMMANDS = (
     "get", "set", "exists", "incrby", "expire",  # redis-py's incr() sends INCRBY
-    "zadd", "zrem", "zcard", "zcount", "zremrangebyscore",
-    "hset", "hexists", "hlen",
+    "zadd", "zrem", "zcard", "zcount", "zrangebyscore", "zremrangebyscore",
+    "hset", "hdel", "hexists", "hlen",
     # The rate limiter's Lua script (RateLimiter): redis-py runs it by EVALSHA and loads it on
     # NOSCRIPT. The script's own TIME/GET/SET calls are checked against this same user, so a
     # script can touch nothing the orchestrator could not.

@@ -25,7 +25,7 @@ class ManagedProcess:
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
     ) -> None:
-        self.name, self.argv = name, argv
+        self.name, self.argv, self.env, self.cwd = name, argv, env, cwd
         self.log_path = Path(log_dir) / f"{name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -9,6 +10,7 @@ from fastapi import FastAPI
 from redis.asyncio import Redis
 
 from prime_swarm.libs.chain.client import LedgerClient
+from prime_swarm.libs.chain.keyfile import load_key
 from prime_swarm.libs.guard.asgi import BodyGuard
 from prime_swarm.libs.guard.errors import install_validation_handler
 from prime_swarm.libs.guard.ratelimit import RateLimiter
@@ -16,6 +18,7 @@ from prime_swarm.libs.observability.http import add_observability_routes
 from prime_swarm.protocol.auth import SignedRequest, redis_nonce_burner
 
 from .deps import Pool
+from .ejector import eject_silent_workers
 from .routes import router
 from .settings import OrchestratorSettings
 from .standing import StandingBook
@@ -23,6 +26,9 @@ from .state import LeaseBook, PolicyTracker, WorkerRoster
 
 
 def create_app(settings: OrchestratorSettings) -> FastAPI:
+    # Read before serving: a bad key file stops start-up with one line, not a lifespan traceback.
+    owner_account = load_key(settings.owner_key_file) if settings.owner_key_file else None
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
@@ -50,7 +56,21 @@ def create_app(settings: OrchestratorSettings) -> FastAPI:
             limiter=limiter,
         )
         app.state.auth = SignedRequest(redis_nonce_burner(redis), settings.max_clock_skew_s)
+        ejector = None
+        if owner_account is not None:
+            owner = LedgerClient(
+                settings.rpc_url,
+                settings.ledger_address,
+                account=owner_account,
+                timeout=settings.chain_timeout_s,
+                request_timeout=settings.chain_timeout_s,
+            )
+            ejector = asyncio.create_task(
+                eject_silent_workers(app.state.pool.workers, owner, settings)
+            )
         yield
+        if ejector is not None:
+            ejector.cancel()
         await redis.aclose()
 
     app = FastAPI(title="Prime Swarm orchestrator", lifespan=lifespan)

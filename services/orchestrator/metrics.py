@@ -6,9 +6,15 @@ REQUESTS_REFUSED = Counter(
     ["route", "reason"],
 )
 LEASES_ISSUED = Counter("orchestrator_leases_issued_total", "Leases handed to workers")
+LEASES_REISSUED = Counter(
+    "orchestrator_leases_reissued_total", "Tasks of expired, unanswered leases handed out again"
+)
 SUBMISSIONS = Counter("orchestrator_submissions_total", "Submissions admitted to validation")
 WORKERS_SEEN = Gauge("orchestrator_workers_registered", "Workers registered with this pool")
 POLICY_VERSION = Gauge("orchestrator_policy_version", "Latest announced policy version")
 IN_FLIGHT = Gauge(
     "orchestrator_in_flight_groups", "Groups leased but not yet trained (lease admission input)"
+)
+WORKERS_EJECTED = Counter(
+    "orchestrator_workers_ejected_total", "Silent workers ejected on chain with the owner's key"
 )

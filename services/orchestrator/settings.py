@@ -67,6 +67,16 @@ class OrchestratorSettings(BaseSettings):
         description="A worker not heard from (heartbeat or lease request) for this long no "
         "longer counts as live when the in-flight budget is shared out.",
     )
+    owner_key_file: Path | None = Field(
+        None,
+        description="The pool owner's key file. With it, workers silent for `eject_after_s` "
+        "are ejected on chain (no slash: their stake unbonds). None: nobody is ejected.",
+    )
+    eject_after_s: float = Field(
+        600.0,
+        gt=0,
+        description="Silence (no heartbeat, no lease request) after which a worker is ejected.",
+    )
     lease_spread: float = Field(
         1.5,
         ge=1.0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 
@@ -15,16 +16,21 @@ from prime_swarm.libs.rollout.admission import oldest_admitted
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import Lease, PolicyAnnouncement, PolicyInfo, SamplingParams
 
+from . import metrics
 from .settings import OrchestratorSettings
+
+log = logging.getLogger(__name__)
 
 TASK_COUNTER = "orch:task_counter"
 WORKERS = "orch:workers"  # hash: address -> registration time
 LIVE_WORKERS = "orch:live_workers"  # sorted set: address scored by when it was last heard from
+EJECTED = "orch:ejected"  # hash: address -> JSON of the ejection (when, why, transaction)
 LEASE = "orch:lease:{lease_id}"
 # Sorted sets of open lease ids scored by expiry: per worker, and pool-wide for admission.
 OPEN_LEASES = "orch:open_leases:{worker}"
 ALL_OPEN_LEASES = "orch:open_leases"
 SUBMITTED = "orch:submitted:{lease_id}"
+REISSUED = "orch:reissued"  # counter of expired leases whose task was handed out again
 
 
 class PolicyTracker:
@@ -82,6 +88,22 @@ class WorkerRoster:
         since = time.time() - self.settings.heartbeat_ttl_s
         return int(await self.redis.zcount(LIVE_WORKERS, since, "+inf"))
 
+    async def claim_silent(self, silent_for_s: float, limit: int = 16) -> list[str]:
+        """Registered workers not heard from for `silent_for_s`, each removed from the roster as
+        it is claimed (ZREM decides, so two orchestrators never eject the same worker twice).
+        A claimed worker must register again, after rejoining on chain, to get work."""
+        cutoff = time.time() - silent_for_s
+        claimed = []
+        for raw in await self.redis.zrangebyscore(LIVE_WORKERS, "-inf", cutoff, 0, limit):
+            worker = raw.decode() if isinstance(raw, bytes) else raw
+            if await self.redis.zrem(LIVE_WORKERS, worker):
+                await self.redis.hdel(WORKERS, worker)
+                claimed.append(worker)
+        return claimed
+
+    async def record_ejection(self, worker: str, record: str) -> None:
+        await self.redis.hset(EJECTED, worker.lower(), record)
+
 
 class LeaseBook:
     """Hands out tasks in order, so no worker chooses its prompt, and remembers who holds what."""
@@ -99,54 +121,94 @@ class LeaseBook:
 
     async def open_count(self, worker: str | None = None) -> int:
         """Unexpired open leases of `worker`, or of the whole pool."""
-        key = OPEN_LEASES.format(worker=worker.lower()) if worker else ALL_OPEN_LEASES
+        now = time.time()
+        if worker is None:
+            # Expired entries stay in the pool-wide set until `_reclaim` hands their tasks out.
+            return int(await self.redis.zcount(ALL_OPEN_LEASES, f"({now}", "+inf"))
+        key = OPEN_LEASES.format(worker=worker.lower())
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zremrangebyscore(key, "-inf", time.time())  # expired ones no longer count
+            pipe.zremrangebyscore(key, "-inf", now)  # expired ones no longer count
             pipe.zcard(key)
             _, count = await pipe.execute()
         return int(count)
 
+    async def _reclaim(self, limit: int) -> list[Lease]:
+        """Up to `limit` leases that expired unanswered (a worker crashed or vanished), claimed
+        for reissue. ZREM decides the claim, so concurrent requests, or orchestrator replicas,
+        never hand out the same task twice."""
+        ids = await self.redis.zrangebyscore(ALL_OPEN_LEASES, "-inf", time.time(), 0, limit)
+        reclaimed = []
+        for raw_id in ids:
+            lease_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+            if not await self.redis.zrem(ALL_OPEN_LEASES, lease_id):
+                continue  # another request claimed it first
+            if await self.redis.exists(SUBMITTED.format(lease_id=lease_id)):
+                continue  # answered in the instant before expiry
+            lease = await self.get(lease_id)
+            if lease is not None:
+                reclaimed.append(lease)
+        return reclaimed
+
     async def issue(self, worker: str, pool_id: int, min_version: int, count: int) -> list[Lease]:
-        """`count` leases of consecutive tasks of the pool's stream, recorded in one round trip."""
-        last = int(await self.redis.incrby(TASK_COUNTER, count))
+        """`count` leases, recorded in one round trip: first the tasks of expired leases, then
+        consecutive tasks of the pool's stream."""
         recipe = self.settings.recipe
         now = time.time()
-        leases = []
-        for index in range(last - count, last):
-            # The pool's task stream is a pure function of (seed, counter): no worker steers it.
-            pick = hash_int("lease", self.settings.task_seed, index, nbytes=6)
-            if self.task_ids is not None:
-                task = self.env.task_from_id(self.task_ids[pick % len(self.task_ids)])
-            else:
-                task = self.env.task_from_id(self.env.task_id("train", pick))
-            target = budget_for(index, recipe.length_reward)
-            leases.append(
-                Lease(
-                    lease_id=secrets.token_hex(12),
-                    worker=worker,
-                    pool_id=pool_id,
-                    env=recipe.env,
-                    task_id=task.task_id,
-                    prompt=with_budget(task.prompt, target, recipe.length_reward),
-                    target_tokens=target,
-                    group_size=recipe.group_size,
-                    sampling=SamplingParams(
-                        temperature=recipe.temperature, max_new_tokens=recipe.max_new_tokens
-                    ),
-                    seed=secrets.randbits(62),
-                    min_policy_version=min_version,
-                    expires_at=now + self.settings.lease_ttl_s,
+        reissued = await self._reclaim(count)
+        # (task id, prompt, target length) of each lease to hand out.
+        tasks = [(old.task_id, old.prompt, old.target_tokens) for old in reissued]
+        fresh = count - len(tasks)
+        if fresh:
+            last = int(await self.redis.incrby(TASK_COUNTER, fresh))
+            for index in range(last - fresh, last):
+                # The pool's task stream is a pure function of (seed, counter): no worker
+                # steers it.
+                pick = hash_int("lease", self.settings.task_seed, index, nbytes=6)
+                if self.task_ids is not None:
+                    task = self.env.task_from_id(self.task_ids[pick % len(self.task_ids)])
+                else:
+                    task = self.env.task_from_id(self.env.task_id("train", pick))
+                target = budget_for(index, recipe.length_reward)
+                tasks.append(
+                    (task.task_id, with_budget(task.prompt, target, recipe.length_reward), target)
                 )
+        leases = [
+            Lease(
+                lease_id=secrets.token_hex(12),
+                worker=worker,
+                pool_id=pool_id,
+                env=recipe.env,
+                task_id=task_id,
+                prompt=prompt,
+                target_tokens=target,
+                group_size=recipe.group_size,
+                sampling=SamplingParams(
+                    temperature=recipe.temperature, max_new_tokens=recipe.max_new_tokens
+                ),
+                seed=secrets.randbits(62),
+                min_policy_version=min_version,
+                expires_at=now + self.settings.lease_ttl_s,
             )
-        ttl = int(self.settings.lease_ttl_s) + 60
+            for task_id, prompt, target in tasks
+        ]
+        # A lease record outlives its expiry long enough to be reclaimed and reissued.
+        ttl = 2 * int(self.settings.lease_ttl_s) + 60
         mine = OPEN_LEASES.format(worker=worker.lower())
         async with self.redis.pipeline(transaction=True) as pipe:
             for lease in leases:
                 pipe.set(LEASE.format(lease_id=lease.lease_id), lease.model_dump_json(), ex=ttl)
                 pipe.zadd(mine, {lease.lease_id: lease.expires_at})
                 pipe.zadd(ALL_OPEN_LEASES, {lease.lease_id: lease.expires_at})
+            if reissued:
+                pipe.incrby(REISSUED, len(reissued))
             pipe.expire(mine, ttl)
             await pipe.execute()
+        if reissued:
+            metrics.LEASES_REISSUED.inc(len(reissued))
+            log.info(
+                "reissued expired leases",
+                extra={"fields": {"worker": worker, "expired": [o.lease_id for o in reissued]}},
+            )
         return leases
 
     async def close(self, lease: Lease) -> None:

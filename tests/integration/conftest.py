@@ -57,6 +57,14 @@ class LivePool:
     ledger: str
     process: ManagedProcess
 
+    def restart(self) -> None:
+        """kill -9 the orchestrator and start a new one on the same Redis, port and settings."""
+        self.process.kill()
+        self.process.stop()
+        old = self.process
+        self.process = ManagedProcess(old.name, old.argv, old.log_path.parent, old.env, old.cwd)
+        self.process.wait_http(f"{self.url}/healthz", timeout_s=30)
+
     def ledger_as(self, account: LocalAccount) -> LedgerClient:
         return LedgerClient(self.rpc_url, self.ledger, account=account, timeout=30)
 
