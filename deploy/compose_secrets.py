@@ -7,8 +7,8 @@ creates, in a 0700 folder, each file 0600:
   redis-<role>.password   a random password per Redis role of deploy/redis_acl.py
   redis.acl               the ACL file of those roles (only their SHA-256 hashes)
   grafana-admin.password  Grafana's admin password
-  <who>-key.json          a fresh Ethereum key (protocol/keys.py format) for the trainer, the
-                          validator and each compose worker
+  <who>-key.json          a fresh Ethereum key (libs/chain/keyfile.py, plain format) for the
+                          trainer, the validator and each compose worker
   addresses.json          their public addresses, for the deployer, which registers and funds
                           them but never sees a private key
 
@@ -36,7 +36,7 @@ from pathlib import Path
 from eth_account import Account
 
 from prime_swarm.libs.chain.files import atomic_write_text, create_exclusive
-from prime_swarm.protocol.keys import load_key, write_key
+from prime_swarm.libs.chain.keyfile import load_key, write_key
 
 DEFAULT_OUT = Path("deploy/docker/secrets")
 

@@ -4,10 +4,14 @@ Redis is where the services trust each other, so nobody gets more than their cod
 forged `rollouts:submitted` entry once got an honest worker slashed.
 
   orchestrator  writes submissions; owns orch:* (leases, workers), auth:* (request nonces) and
-                rate:* (rate limits, a Lua script); reads policy announcements
+                rate:* (rate limits, a Lua script); reads policy announcements, and for its
+                status API the trainer's progress stream and the validator's per-worker
+                counters (read-only, those keys only)
   validator     consumes submissions (group reads and acks), writes verified and rejected
-                rollouts; owns validator:* (replay guard, chain queue); reads announcements
-  trainer       consumes verified rollouts, announces policies; owns trainer:*
+                rollouts; owns validator:* (replay guard, chain queue, per-worker counters);
+                reads announcements
+  trainer       consumes verified rollouts, announces policies, appends its progress; owns
+                trainer:*
   healthcheck   PING only, for the compose healthcheck
   default       off: a connection that does not authenticate can do nothing
 
@@ -23,11 +27,12 @@ Selectors need Redis >= 7.0.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from prime_swarm.libs.guard.ratelimit import RATE_KEY
-from prime_swarm.protocol import streams
+from prime_swarm.protocol import streams, worker_stats
 from prime_swarm.protocol.auth import NONCE_KEY
 from prime_swarm.services.orchestrator import state as orch_state
 
@@ -82,6 +87,11 @@ class Role:
         return " ".join(["user", self.name, "on", "resetpass", "#" + digest, *rules, *selectors])
 
 
+def pattern(key_template: str) -> str:
+    """`validator:worker:{worker}` -> `validator:worker:*`: exactly the keys of one template."""
+    return re.sub(r"\{[^}]*\}", "*", key_template)
+
+
 def _glob(pattern: str, key: str) -> bool:
     if pattern.endswith("*"):
         return key.startswith(pattern[:-1])
@@ -103,6 +113,8 @@ ORCHESTRATOR_KEYS = tuple(
                 orch_state.OPEN_LEASES,
                 orch_state.SUBMITTED,
                 orch_state.REISSUED,
+                orch_state.WORKER_INFO,
+                orch_state.SUBMITS_PER_MINUTE,
                 NONCE_KEY,
                 RATE_KEY,
             )
@@ -112,7 +124,8 @@ ORCHESTRATOR_KEYS = tuple(
 ORCHESTRATOR_COMMANDS = (
     "get", "set", "exists", "incrby", "expire",  # redis-py's incr() sends INCRBY
     "zadd", "zrem", "zcard", "zcount", "zrangebyscore", "zremrangebyscore",
-    "hset", "hdel", "hexists", "hlen",
+    "hset", "hdel", "hexists", "hlen", "hincrby", "hgetall", "hmget", "hscan",
+    "zrevrange", "zscore",
     # The rate limiter's Lua script (RateLimiter): redis-py runs it by EVALSHA and loads it on
     # NOSCRIPT. The script's own TIME/GET/SET calls are checked against this same user, so a
     # script can touch nothing the orchestrator could not.
@@ -126,7 +139,20 @@ ORCHESTRATOR = Role(
         Grant(keys=(streams.ROLLOUTS_SUBMITTED,), commands=("xadd", "xlen", "xinfo|groups")),
         # Lease admission counts what the trainer has not consumed yet.
         Grant(keys=(streams.ROLLOUTS_VERIFIED,), commands=("xinfo|groups",), read_only=True),
-        Grant(keys=(streams.POLICY_ANNOUNCEMENTS,), commands=("xrevrange",), read_only=True),
+        Grant(
+            keys=(streams.POLICY_ANNOUNCEMENTS, streams.TRAINER_PROGRESS),
+            commands=("xrevrange",),
+            read_only=True,
+        ),
+        # The status API shows each worker's verdicts: the validator's counters, read only.
+        Grant(
+            keys=(
+                pattern(worker_stats.VALIDATOR_WORKER),
+                pattern(worker_stats.VALIDATOR_ACCEPTED_PER_MINUTE),
+            ),
+            commands=("hgetall", "hmget"),
+            read_only=True,
+        ),
     ),
 )
 
@@ -135,7 +161,7 @@ VALIDATOR = Role(
     grants=(
         Grant(
             keys=("validator:*",),
-            commands=("set", "get", "rpush", "llen", "lrange", "ltrim"),
+            commands=("set", "get", "rpush", "llen", "lrange", "ltrim", "hincrby", "expire"),
         ),
         Grant(keys=(streams.ROLLOUTS_SUBMITTED,), commands=GROUP_READER),
         Grant(keys=(streams.ROLLOUTS_VERIFIED, streams.ROLLOUTS_REJECTED), commands=("xadd",)),
@@ -150,6 +176,7 @@ TRAINER = Role(
         Grant(keys=(streams.ROLLOUTS_VERIFIED,), commands=(*GROUP_READER, "xlen")),
         Grant(keys=(streams.ROLLOUTS_REJECTED,), commands=("xlen",), read_only=True),
         Grant(keys=(streams.POLICY_ANNOUNCEMENTS,), commands=("xadd", "xrevrange")),
+        Grant(keys=(streams.TRAINER_PROGRESS,), commands=("xadd",)),
     ),
 )
 

@@ -136,11 +136,21 @@ Precision = Literal["bf16", "fp16", "fp32"]
 """Compute precisions a worker may generate in; the validator recomputes in the declared one."""
 
 
+# Text a worker chooses and operators read (status page, CLI): bounded, no control characters,
+# so it can neither flood a page nor smuggle terminal escapes into a log or a status line.
+ShortText = Annotated[str, Field(max_length=128, pattern=r"^[^\x00-\x1f\x7f]*$")]
+
+
 class RegisterRequest(Versioned):
     worker: Address
     pool_id: int = Field(ge=1)
     backend: BackendName = "hf"
     device: str = Field(default="cpu", max_length=64)
+    hardware: ShortText = Field(
+        default="",
+        description="What the worker runs on, as it describes itself (e.g. 'NVIDIA H100 80GB, "
+        "CUDA 12.8'); shown on the pool's status page. Self-reported, never trusted.",
+    )
 
 
 class RegisterReply(Versioned):
@@ -395,3 +405,87 @@ class StepProgress(Message):
     )
     tokens_per_s: float = Field(default=0.0, description="Completion tokens per compute second.")
     wall: float
+
+
+# ---------------------------------------------------------------- orchestrator status API
+# Read-only and unsigned: what anyone may see of the pool (`GET /v1/status`, the status page).
+# Worker-supplied text (addresses, hardware) is data here; a page renders it as text only.
+
+
+class RelayHealth(Message):
+    """One relay's answer to `GET /healthz`, as the orchestrator last saw it."""
+
+    url: str
+    healthy: bool = Field(description="Answered 200 with status 'ok' within the timeout.")
+    status_code: int | None = Field(default=None, description="HTTP status; None: no answer.")
+    latency_ms: float | None = Field(default=None, description="Round trip of the check.")
+    latest_version: int | None = Field(
+        default=None, description="Newest complete policy version the relay says it holds."
+    )
+    error: str = Field(default="", max_length=200, description="Why it is not healthy.")
+    checked_at: float = Field(description="Unix time of the check.")
+
+
+class RewardPoint(Message):
+    """One trainer step's reward, from the trainer's progress stream."""
+
+    step: int
+    version: int
+    mean_reward: float
+    reward_task: float = 0.0
+    reward_length: float = 0.0
+    at: float = Field(description="Unix time the trainer recorded the step.")
+
+
+class WorkerStatus(Message):
+    """One worker as the pool sees it: counts come from the role that learns each fact (leases
+    and submissions: the orchestrator; verdicts and units: the validators)."""
+
+    worker: Address
+    hardware: str = Field(default="", description="Self-reported at registration; untrusted.")
+    backend: str = ""
+    device: str = ""
+    registered: bool = Field(description="On the orchestrator's roster (may lease work).")
+    live: bool = Field(description="Heard from (heartbeat, lease) within the heartbeat TTL.")
+    ejected: bool = Field(description="Ejected on chain for silence and not registered since.")
+    last_seen: float | None = Field(default=None, description="Unix time last heard from.")
+    leases: int = Field(default=0, ge=0, description="Leases handed to it.")
+    submitted: int = Field(default=0, ge=0, description="Submissions admitted to validation.")
+    accepted: int = Field(default=0, ge=0, description="Submissions validators accepted.")
+    rejected: dict[str, int] = Field(
+        default_factory=dict, description="Submissions validators rejected, by reason."
+    )
+    units: int = Field(default=0, ge=0, description="Work units credited for attestation.")
+    submitted_per_min: float = Field(
+        default=0.0, ge=0, description="Submissions per minute over the throughput window."
+    )
+    accepted_per_min: float = Field(
+        default=0.0, ge=0, description="Accepted submissions per minute over the window."
+    )
+
+
+class PoolStatus(Versioned):
+    """`GET /v1/status`: the pool at a glance."""
+
+    pool_id: int
+    generated_at: float = Field(description="Unix time this answer was assembled.")
+    policy_version: int | None = Field(description="Latest announced version; None before any.")
+    trainer_step: int | None
+    min_version: int | None = Field(description="Oldest version whose rollouts are admitted.")
+    async_level: int
+    workers_registered: int
+    workers_live: int
+    in_flight_groups: int = Field(description="Groups leased but not yet trained.")
+    throughput_window_s: float = Field(description="Window of the per-minute rates.")
+    relays: list[RelayHealth]
+    rewards: list[RewardPoint] = Field(description="Recent trainer steps, oldest first.")
+    workers: list[WorkerStatus] = Field(description="Registered workers, last seen first.")
+    workers_truncated: bool = Field(description="More workers exist than this list holds.")
+
+
+class WorkerStatusReply(Versioned):
+    """`GET /v1/status/workers/{address}`: one worker, with the policy it should be using."""
+
+    pool_id: int
+    policy_version: int | None
+    worker: WorkerStatus

@@ -10,12 +10,22 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from .messages import PolicyAnnouncement, SubmittedRollout, Verdict, VerifiedRollout
+from .messages import (
+    PolicyAnnouncement,
+    StepProgress,
+    SubmittedRollout,
+    Verdict,
+    VerifiedRollout,
+)
 
 ROLLOUTS_SUBMITTED = "rollouts:submitted"
 ROLLOUTS_VERIFIED = "rollouts:verified"
 ROLLOUTS_REJECTED = "rollouts:rejected"
 POLICY_ANNOUNCEMENTS = "policy:announcements"
+# One entry per trainer step (its `StepProgress`), capped: what the status page plots. Nobody
+# consumes it as a group; readers take the newest entries with XREVRANGE.
+TRAINER_PROGRESS = "trainer:progress"
+TRAINER_PROGRESS_MAXLEN = 1_000
 
 VALIDATOR_GROUP = "validators"
 TRAINER_GROUP = "trainer"
@@ -26,6 +36,7 @@ STREAM_MODELS: dict[str, type[BaseModel]] = {
     ROLLOUTS_VERIFIED: VerifiedRollout,
     ROLLOUTS_REJECTED: Verdict,
     POLICY_ANNOUNCEMENTS: PolicyAnnouncement,
+    TRAINER_PROGRESS: StepProgress,
 }
 
 FIELD = "data"

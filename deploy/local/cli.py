@@ -7,18 +7,23 @@ prints one line per trainer step, then writes runs/<timestamp>/summary.json and 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from prime_swarm.deploy import compose_secrets
+from prime_swarm.libs.cli import add_settings, fail, new_parser
 from prime_swarm.libs.localnet.process import ProcessFailed
 from prime_swarm.libs.rl.filtering import DEFAULT_BAND
 from prime_swarm.protocol.messages import StepProgress
 
 from .settings import LocalNetworkSettings
+
+if TYPE_CHECKING:
+    from .network import Topology
 
 
 def prepare_model(s: LocalNetworkSettings, say: Callable[[str], None] = print) -> Path:
@@ -40,6 +45,25 @@ def heldout(model_dir: Path, s: LocalNetworkSettings) -> float:
 
     return heldout_reward(
         load_pretrained(model_dir), get_env(s.recipe.env), s.eval_tasks, seed=12345
+    )
+
+
+def join_instructions(topo: Topology) -> str:
+    """What a newcomer pastes to join this local pool from another terminal."""
+    flags = f"--pool {topo.pool_id} --rpc-url {topo.rpc_url} --ledger {topo.ledger}"
+    fund = (
+        "curl -s -H 'content-type: application/json' --data '{\"jsonrpc\":\"2.0\",\"id\":1,"
+        '"method":"anvil_setBalance","params":["ADDRESS","0x1bc16d674ec80000"]}\' '
+        + topo.rpc_url
+    )
+    return "\n".join(
+        [
+            f"join this pool from another terminal (ledger {topo.ledger}, pool {topo.pool_id}):",
+            "  1. an address:  .venv/bin/prime-worker address",
+            f"  2. fund it with 2 ETH on the local chain:  {fund}",
+            f"  3. join:  .venv/bin/prime-worker join {flags}",
+            f"  pool status page: {topo.orchestrator_url}/status",
+        ]
     )
 
 
@@ -66,6 +90,7 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
             f"{topo.orchestrator_url}, relay {topo.relay_url}, {len(topo.workers)} workers "
             f"({', '.join(net.worker_backend(i) for i in range(len(topo.workers)))})"
         )
+        say(join_instructions(topo))
         say(f"{'step':>4} {'reward':>7} {'accepted':>8} {'rejected':>8} {'lag':>5} {'s/step':>6}")
         last = [time.time()]
 
@@ -78,6 +103,13 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
             last[0] = now
 
         rows = net.follow(on_step, s.timeout_s)
+        if s.keep:
+            print(
+                f"training done ({len(rows)} steps); the pool stays up for others to join. "
+                "Ctrl-C stops it.\n" + join_instructions(topo)
+            )
+            while True:
+                time.sleep(3600)  # KeyboardInterrupt ends it; `finally` stops every process
         net.stop_workers()
         net.procs["validator"].stop(timeout_s=60)  # flushes queued attestations first
         counts = net.stream_counts()
@@ -240,55 +272,26 @@ def filter_tasks(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> N
         )
 
 
-def _one_line_errors(p: argparse.ArgumentParser) -> None:
-    """Usage errors as one line, not argparse's usage block, so scripts can show them as is."""
-
-    def error(message: str) -> NoReturn:
-        print(f"{p.prog}: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-    p.error = error  # type: ignore[method-assign]
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="prime-swarm",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = new_parser("prime-swarm", __doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    text = "run the whole network locally and train"
+    up = add_settings(sub.add_parser("up", help=text, description=text), LocalNetworkSettings)
+    text = "create the Redis ACL, passwords and keys docker-compose.yml mounts"
+    compose_secrets.add_arguments(sub.add_parser("compose-secrets", help=text, description=text))
+    text = (
+        "score train tasks' pass rates under a policy and keep a band (the orchestrator's "
+        "task_file)"
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="run the whole network locally and train")
-    up.add_argument("--steps", type=int)
-    up.add_argument("--workers", type=int)
-    up.add_argument(
-        "--backend",
-        dest="worker_backends",
-        type=lambda v: [b.strip() for b in v.split(",")],
-        help="worker generation backends, cycled over the workers: hf, vllm or e.g. hf,vllm",
-    )
-    up.add_argument("--runs-dir", type=Path)
-    secrets_cmd = sub.add_parser(
-        "compose-secrets", help="create the Redis ACL, passwords and keys docker-compose.yml mounts"
-    )
-    compose_secrets.add_arguments(secrets_cmd)
-    filter_cmd = sub.add_parser(
-        "filter-tasks",
-        help="score train tasks' pass rates under a policy and keep a band (the orchestrator's "
-        "task_file)",
-    )
+    filter_cmd = sub.add_parser("filter-tasks", help=text, description=text)
     add_filter_arguments(filter_cmd)
-    _one_line_errors(filter_cmd)
     args = parser.parse_args(argv)
     if args.command == "compose-secrets":
         sys.exit(compose_secrets.run(args))
     if args.command == "filter-tasks":
-        filter_tasks(args, filter_cmd.error)
+        filter_tasks(args, functools.partial(fail, filter_cmd.prog))
         return
-    overrides = {k: v for k, v in vars(args).items() if v is not None and k != "command"}
-    try:
-        settings = LocalNetworkSettings(**overrides)
-    except Exception as exc:
-        parser.error(str(exc))
+    settings = up.load(args)
     try:
         run(settings)
     except (ProcessFailed, TimeoutError) as exc:

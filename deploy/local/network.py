@@ -19,11 +19,11 @@ from web3 import Web3
 from prime_swarm.libs.chain.anvil import Anvil
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.chain.deploy import deploy_ledger
+from prime_swarm.libs.chain.keyfile import write_key
 from prime_swarm.libs.localnet.ports import free_port
 from prime_swarm.libs.localnet.process import ManagedProcess, ProcessFailed
 from prime_swarm.libs.localnet.redis_server import RedisServer
 from prime_swarm.protocol import streams
-from prime_swarm.protocol.keys import write_key
 from prime_swarm.protocol.messages import StepProgress, Verdict
 from prime_swarm.services.trainer import progress
 
@@ -180,6 +180,9 @@ class LocalNetwork:
                 "PRIME_ORCH_LEDGER_ADDRESS": t.ledger,
                 "PRIME_ORCH_POOL_ID": str(t.pool_id),
                 "PRIME_ORCH_RELAYS": f'["{t.relay_url}"]',
+                # The local pool ejects workers that vanish (killed, crashed) after two minutes.
+                "PRIME_ORCH_OWNER_KEY_FILE": str(self.keys / "owner.json"),
+                "PRIME_ORCH_EJECT_AFTER_S": "120",
                 # Groups in flight per trainer step: one step's worth when synchronous; 1.5
                 # when asynchronous - measured (bench/trainer_bench.py) against 1 (a pipeline
                 # too shallow to keep up) and 2 (a third of the work aged past the bound and
@@ -206,6 +209,7 @@ class LocalNetwork:
                     "--cache-dir",
                     str(self.run_dir / "worker-cache"),
                     "--no-progress",
+                    "--yes",  # the operator's own workers stake without asking
                     "--backend",
                     self.worker_backend(i),
                 ],

@@ -51,3 +51,8 @@ class LocalNetworkSettings(BaseSettings):
     reward_per_unit_wei: int = Field(10**12, description="Reward credited per attested token.")
     timeout_s: float = Field(900.0, gt=0, description="Abort the run after this long.")
     quiet: bool = Field(False, description="Print only the summary.")
+    keep: bool = Field(
+        False,
+        description="Keep the network up after training, so others can join it (prints the "
+        "`prime-worker join` line), until Ctrl-C.",
+    )

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 from eth_utils import is_address, to_checksum_address
 
+from prime_swarm.libs.cli import new_parser
+
 from .deployment import DEFAULT_SLASH_BPS, DEFAULT_UNBONDING_BLOCKS, load_deployment
 from .errors import ChainError, KeyFileError
 
@@ -97,7 +99,9 @@ def _add_key_options(p: argparse.ArgumentParser) -> None:
 def _add_deployment_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deployment", required=True, help="deployment JSON written by `deploy`")
     p.add_argument("--rpc-url", help="override the deployment's RPC URL")
-    p.add_argument("--timeout", type=float, default=60.0, help="receipt timeout, seconds")
+    p.add_argument(
+        "--timeout", type=float, default=60.0, help="receipt timeout, s (default: %(default)s)"
+    )
 
 
 def _account(args: argparse.Namespace) -> LocalAccount:
@@ -242,9 +246,9 @@ def cmd_balances(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="prime-chain", description="Compile, deploy and administer the Prime Swarm ledger."
-    )
+    # Its commands take no settings class (every value is an argument), so only the shared
+    # parser is used: `--version`, one-line usage errors.
+    parser = new_parser("prime-chain", "Compile, deploy and administer the Prime Swarm ledger.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(
@@ -259,15 +263,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("deploy", cmd_deploy, "deploy the ledger and write a deployment record")
     p.add_argument("--rpc-url", required=True)
-    p.add_argument("--out", default="deployment.json", help="deployment record path")
-    p.add_argument("--slash-bps", type=bps, default=DEFAULT_SLASH_BPS)
+    p.add_argument(
+        "--out", default="deployment.json", help="deployment record path (default: %(default)s)"
+    )
+    p.add_argument(
+        "--slash-bps",
+        type=bps,
+        default=DEFAULT_SLASH_BPS,
+        help="share of a stake one slash takes, in basis points (default: %(default)s)",
+    )
     p.add_argument(
         "--unbonding-blocks",
         type=blocks,
         default=DEFAULT_UNBONDING_BLOCKS,
-        help="blocks a leaving worker's stake stays slashable before it can be withdrawn",
+        help="blocks a leaving worker's stake stays slashable before it can be withdrawn "
+        "(default: %(default)s)",
     )
-    p.add_argument("--timeout", type=float, default=120.0, help="receipt timeout, seconds")
+    p.add_argument(
+        "--timeout", type=float, default=120.0, help="receipt timeout, s (default: %(default)s)"
+    )
     _add_key_options(p)
 
     p = command("create-pool", cmd_create_pool, "open a pool; prints its id")

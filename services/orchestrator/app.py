@@ -17,12 +17,14 @@ from prime_swarm.libs.guard.ratelimit import RateLimiter
 from prime_swarm.libs.observability.http import add_observability_routes
 from prime_swarm.protocol.auth import SignedRequest, redis_nonce_burner
 
+from .board import RelayWatch, StatusBoard
 from .deps import Pool
 from .ejector import eject_silent_workers
 from .routes import router
 from .settings import OrchestratorSettings
 from .standing import StandingBook
 from .state import LeaseBook, PolicyTracker, WorkerRoster
+from .status import router as status_router
 
 
 def create_app(settings: OrchestratorSettings) -> FastAPI:
@@ -40,10 +42,14 @@ def create_app(settings: OrchestratorSettings) -> FastAPI:
             request_timeout=settings.chain_timeout_s,
         )
         limiter = RateLimiter(redis)
+        policy = PolicyTracker(redis, settings)
+        relays = RelayWatch(
+            settings.relays, settings.relay_check_interval_s, settings.relay_check_timeout_s
+        )
         app.state.pool = Pool(
             settings=settings,
             redis=redis,
-            policy=PolicyTracker(redis, settings),
+            policy=policy,
             leases=LeaseBook(redis, settings),
             workers=WorkerRoster(redis, settings),
             standing=StandingBook(
@@ -54,6 +60,7 @@ def create_app(settings: OrchestratorSettings) -> FastAPI:
                 settings.chain_lookup_rate,
             ),
             limiter=limiter,
+            board=StatusBoard(redis, settings, policy, relays),
         )
         app.state.auth = SignedRequest(redis_nonce_burner(redis), settings.max_clock_skew_s)
         ejector = None
@@ -71,12 +78,14 @@ def create_app(settings: OrchestratorSettings) -> FastAPI:
         yield
         if ejector is not None:
             ejector.cancel()
+        relays.close()
         await redis.aclose()
 
     app = FastAPI(title="Prime Swarm orchestrator", lifespan=lifespan)
-    # Every route takes a JSON body of a few KiB to a few MiB; nothing else is read.
+    # Every route takes a JSON body of a few KiB to a few MiB, or none; nothing else is read.
     app.add_middleware(BodyGuard, max_bytes=settings.max_body_bytes, json_only=True)
     install_validation_handler(app)
     app.include_router(router)
+    app.include_router(status_router)
     add_observability_routes(app, lambda: {"service": "orchestrator", "pool": settings.pool_id})
     return app

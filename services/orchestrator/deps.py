@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from prime_swarm.libs.guard.ratelimit import Limited, RateLimiter
 
 from . import metrics
+from .board import StatusBoard
 from .settings import OrchestratorSettings
 from .standing import StandingBook
 from .state import LeaseBook, PolicyTracker, WorkerRoster
@@ -27,6 +28,7 @@ class Pool:
     workers: WorkerRoster
     standing: StandingBook
     limiter: RateLimiter
+    board: StatusBoard
 
 
 def get_pool(request: Request) -> Pool:

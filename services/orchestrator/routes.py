@@ -96,7 +96,9 @@ async def register(body: RegisterRequest, signer: Signer, pool: PoolDep) -> Regi
         )
     pool.standing.forget(body.worker)  # a worker registering has often just staked
     await check_standing("registration", pool, body.worker)
-    metrics.WORKERS_SEEN.set(await pool.workers.register(body.worker))
+    metrics.WORKERS_SEEN.set(
+        await pool.workers.register(body.worker, body.hardware, body.backend, body.device)
+    )
     log.info("worker registered", extra={"fields": {"worker": body.worker}})
     return RegisterReply(
         worker=body.worker,
@@ -230,6 +232,9 @@ async def admit(route: str, body: RolloutSubmission, pool: Pool) -> str:
     if not await pool.leases.mark_submitted(lease, submission_id):
         raise refuse(route, 409, "this lease was already answered", "duplicate")
     entry = SubmittedRollout(submission_id=submission_id, lease=lease, submission=body)
-    await pool.redis.xadd(streams.ROLLOUTS_SUBMITTED, streams.encode(entry))
+    async with pool.redis.pipeline(transaction=False) as pipe:
+        pipe.xadd(streams.ROLLOUTS_SUBMITTED, streams.encode(entry))
+        pool.workers.count_submission(pipe, body.worker)
+        await pipe.execute()
     metrics.SUBMISSIONS.inc()
     return submission_id

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prime_swarm.libs.guard.ratelimit import Rate
+from prime_swarm.libs.observability.logs import LogLevel
 from prime_swarm.libs.rollout.recipe import Recipe
 
 
@@ -108,8 +109,28 @@ class OrchestratorSettings(BaseSettings):
     standing_cache_s: float = Field(
         5.0, gt=0, description="How long a worker's on-chain standing is trusted before re-reading."
     )
+    status_rate: Rate = Field(
+        default_factory=lambda: Rate(per_second=2.0, burst=20),
+        description="Per client IP limit of the unsigned status API (a page polls every few "
+        "seconds). Behind a proxy every client shares the proxy's IP.",
+    )
+    status_max_workers: int = Field(
+        500, ge=1, le=10_000, description="Workers listed by /v1/status, last seen first."
+    )
+    status_rewards: int = Field(
+        60, ge=1, le=1_000, description="Recent trainer steps /v1/status reports."
+    )
+    status_cache_s: float = Field(
+        1.0, ge=0, description="How long one assembled /v1/status answer is served again."
+    )
+    relay_check_interval_s: float = Field(
+        5.0, gt=0, description="How long a relay health check is reused before another."
+    )
+    relay_check_timeout_s: float = Field(
+        1.0, gt=0, description="Timeout of one relay health check (GET /healthz)."
+    )
     max_body_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="Largest request body read, whatever the framing."
     )
     chain_timeout_s: float = Field(10.0, gt=0, description="Timeout of each chain call.")
-    log_level: str = Field("INFO", description="Log level.")
+    log_level: LogLevel = Field("INFO", description="Log level.")

@@ -7,6 +7,7 @@ import secrets
 import time
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
 from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rl.envs.base import hash_int
@@ -14,6 +15,7 @@ from prime_swarm.libs.rl.filtering import load_task_list
 from prime_swarm.libs.rl.reward import budget_for, with_budget
 from prime_swarm.libs.rollout.admission import oldest_admitted
 from prime_swarm.protocol import streams
+from prime_swarm.protocol import worker_stats as ws
 from prime_swarm.protocol.messages import Lease, PolicyAnnouncement, PolicyInfo, SamplingParams
 
 from . import metrics
@@ -31,6 +33,10 @@ OPEN_LEASES = "orch:open_leases:{worker}"
 ALL_OPEN_LEASES = "orch:open_leases"
 SUBMITTED = "orch:submitted:{lease_id}"
 REISSUED = "orch:reissued"  # counter of expired leases whose task was handed out again
+# Per-worker facts the orchestrator learns (protocol/worker_stats.py has the validator's):
+# hash of hardware, backend, device (as registered) and the counts of leases and submissions.
+WORKER_INFO = "orch:worker:{worker}"
+SUBMITS_PER_MINUTE = "orch:submits:{minute}"  # hash: worker -> submissions admitted that minute
 
 
 class PolicyTracker:
@@ -68,15 +74,32 @@ class WorkerRoster:
     def __init__(self, redis: Redis, settings: OrchestratorSettings) -> None:
         self.redis, self.settings = redis, settings
 
-    async def register(self, worker: str) -> int:
-        """Record the worker and count it live; returns how many workers ever registered."""
+    async def register(
+        self, worker: str, hardware: str = "", backend: str = "", device: str = ""
+    ) -> int:
+        """Record the worker (and what it runs on) and count it live; returns how many workers
+        are registered."""
         now = time.time()
+        info = WORKER_INFO.format(worker=worker.lower())
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(WORKERS, worker.lower(), now)
             pipe.zadd(LIVE_WORKERS, {worker.lower(): now})
+            pipe.hset(info, mapping={"hardware": hardware, "backend": backend, "device": device})
+            pipe.expire(info, ws.TOTALS_TTL_S)
             pipe.hlen(WORKERS)
             *_, registered = await pipe.execute()
         return int(registered)
+
+    @staticmethod
+    def count_submission(pipe: Pipeline, worker: str) -> None:
+        """Queue on `pipe` the count of one more admitted submission (the worker's total and
+        this minute's bucket): it rides with the submission's own write, no extra round trip."""
+        info = WORKER_INFO.format(worker=worker.lower())
+        bucket = SUBMITS_PER_MINUTE.format(minute=ws.minute(time.time()))
+        pipe.hincrby(info, "submitted", 1)
+        pipe.expire(info, ws.TOTALS_TTL_S)
+        pipe.hincrby(bucket, worker.lower(), 1)
+        pipe.expire(bucket, ws.BUCKET_TTL_S)
 
     async def is_registered(self, worker: str) -> bool:
         return bool(await self.redis.hexists(WORKERS, worker.lower()))
@@ -202,6 +225,9 @@ class LeaseBook:
             if reissued:
                 pipe.incrby(REISSUED, len(reissued))
             pipe.expire(mine, ttl)
+            info = WORKER_INFO.format(worker=worker.lower())
+            pipe.hincrby(info, "leases", len(leases))
+            pipe.expire(info, ws.TOTALS_TTL_S)
             await pipe.execute()
         if reissued:
             metrics.LEASES_REISSUED.inc(len(reissued))

@@ -49,19 +49,54 @@ class ProgressBar:
 
 
 def add_parser(modes: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = modes.add_parser("fetch", help="download and verify a policy version from relays")
-    p.add_argument("--relay", dest="relays", action="append", required=True, help="repeatable")
-    p.add_argument("--trainer", required=True, help="trusted trainer address (0x...)")
-    p.add_argument("--version", default="latest", help="version number or 'latest'")
-    p.add_argument("--out", required=True, type=Path, help="model directory to create")
+    text = "download and verify a policy version from relays"
+    p = modes.add_parser("fetch", help=text, description=text)
+    p.add_argument(
+        "--relay",
+        dest="relays",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="relay URL (repeat)",
+    )
+    p.add_argument(
+        "--trainer", required=True, metavar="ADDRESS", help="trusted trainer address (0x...)"
+    )
+    p.add_argument(
+        "--version",
+        default="latest",
+        metavar="N|latest",
+        help="policy version number or 'latest' (default: latest)",
+    )
+    p.add_argument(
+        "--out", required=True, type=Path, metavar="DIR", help="model directory to create"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument(
-        "--wait", type=float, default=0.0, help="seconds to wait for the version to appear"
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="seconds to wait for the version to appear (default: %(default)s)",
     )
-    p.add_argument("--timeout", type=float, default=10.0, help="per-request timeout (s)")
-    p.add_argument("--deadline", type=float, default=None, help="whole download deadline (s)")
-    p.add_argument("--workers", type=int, default=8, help="parallel shard transfers")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="per-request timeout, s (default: %(default)s)",
+    )
+    p.add_argument("--deadline", type=float, metavar="SECONDS", help="whole download deadline, s")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=8,
+        metavar="N",
+        help="parallel shard transfers (default: %(default)s)",
+    )
+    p.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="no progress bar on stderr"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

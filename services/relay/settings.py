@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from prime_swarm.libs.observability.logs import LogLevel
+
 
 class RelaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PRIME_RELAY_", extra="ignore")
@@ -43,7 +45,7 @@ class RelaySettings(BaseSettings):
         default=16 * 1024 * 1024, gt=0, description="Origin: largest manifest upload accepted."
     )
     access_log: bool = Field(default=False, description="Log every HTTP request (noisy).")
-    log_level: str = Field(default="INFO", description="Python log level name.")
+    log_level: LogLevel = Field(default="INFO", description="Log level.")
 
     @model_validator(mode="after")
     def _relay_needs_parents(self) -> RelaySettings:

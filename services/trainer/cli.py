@@ -2,40 +2,24 @@
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 
-import torch
-
+from prime_swarm.libs.chain.keyfile import load_or_create_key
+from prime_swarm.libs.cli import add_settings, new_parser
 from prime_swarm.libs.observability.http import serve_observability
 from prime_swarm.libs.observability.logs import setup_logging
-from prime_swarm.protocol.keys import load_or_create_key
 
 from .settings import TrainerSettings
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="prime-trainer",
-        description="Asynchronous GRPO trainer. Settings come from PRIME_TRAINER_* variables; "
-        "flags override them.",
-    )
-    parser.add_argument("--redis-url")
-    parser.add_argument("--origin-url")
-    parser.add_argument("--key-file")
-    parser.add_argument("--init-model-dir")
-    parser.add_argument("--checkpoint-dir")
-    parser.add_argument("--progress-file")
-    parser.add_argument("--max-steps", type=int)
-    parser.add_argument("--groups-per-step", type=int)
-    parser.add_argument("--metrics-port", type=int)
-    args = parser.parse_args(argv)
-    try:
-        settings = TrainerSettings(**{k: v for k, v in vars(args).items() if v is not None})
-    except Exception as exc:
-        parser.error(str(exc))
+    parser = new_parser("prime-trainer", "Asynchronous GRPO trainer.")
+    flags = add_settings(parser, TrainerSettings)
+    settings = flags.load(parser.parse_args(argv))
     log = setup_logging("trainer", settings.log_level)
+    import torch  # after the arguments are checked: `--help` answers at once
+
     torch.set_num_threads(settings.threads)
     # SIGTERM from a launcher or orchestrator of processes: exit between steps, via SystemExit.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -291,6 +291,7 @@ class Trainer:
         )
         self._export(row, lags, ages)
         progress.append(self.s.progress_file, row)
+        progress.publish(self.r, row)
         log.info("step", extra={"fields": row.model_dump(exclude={"stats", "lag_histogram"})})
         return row
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from prime_swarm.libs.observability.logs import LogLevel
 from prime_swarm.libs.rl.defaults import RL
 from prime_swarm.libs.rl.grpo import GRPOConfig
 from prime_swarm.libs.rl.loss import LossConfig
@@ -66,7 +67,7 @@ class TrainerSettings(BaseSettings):
         "file:///shared/path uses a file instead of a TCP store.",
     )
     seed: int = Field(0, description="torch seed.")
-    log_level: str = Field("INFO", description="Log level.")
+    log_level: LogLevel = Field("INFO", description="Log level.")
 
     @property
     def grpo(self) -> GRPOConfig:

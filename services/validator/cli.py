@@ -2,49 +2,40 @@
 
 from __future__ import annotations
 
-import argparse
 import signal
+import sys
 import threading
 
-import torch
-
 from prime_swarm.libs.chain.errors import ChainError
+from prime_swarm.libs.chain.keyfile import KeyFileError, load_key
+from prime_swarm.libs.cli import add_settings, fail, new_parser
 from prime_swarm.libs.observability.http import serve_observability
 from prime_swarm.libs.observability.logs import setup_logging
-from prime_swarm.protocol.keys import load_key
 
 from .settings import ValidatorSettings
 
+PROG = "prime-validator"
+
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="prime-validator",
-        description="Validate submitted rollouts. Settings come from PRIME_VALIDATOR_* "
-        "variables; flags override them.",
-    )
-    parser.add_argument("--redis-url")
-    parser.add_argument("--rpc-url")
-    parser.add_argument("--ledger-address")
-    parser.add_argument("--pool-id", type=int)
-    parser.add_argument("--key-file")
-    parser.add_argument("--trusted-trainer")
-    parser.add_argument("--relay", action="append", dest="relays")
-    parser.add_argument("--cache-dir")
-    parser.add_argument("--metrics-port", type=int)
-    args = parser.parse_args(argv)
+    parser = new_parser(PROG, "Validate submitted rollouts: attest good work, slash bad work.")
+    flags = add_settings(parser, ValidatorSettings)
+    settings = flags.load(parser.parse_args(argv))
     try:
-        settings = ValidatorSettings(**{k: v for k, v in vars(args).items() if v is not None})
         account = load_key(settings.key_file)
-    except Exception as exc:
-        parser.error(str(exc))
+    except (KeyFileError, OSError) as exc:
+        fail(PROG, f"--key-file: {exc}")
     setup_logging("validator", settings.log_level)
+    import torch  # after the arguments are checked: `--help` answers at once
+
     torch.set_num_threads(settings.threads)
     from .loop import Validator
 
     try:
         validator = Validator(settings, account)
     except ChainError as exc:
-        parser.exit(2, f"prime-validator: {exc}\n")
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        sys.exit(2)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

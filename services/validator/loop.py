@@ -26,7 +26,7 @@ from prime_swarm.protocol.messages import (
     VerifiedRollout,
 )
 
-from . import metrics
+from . import metrics, stats
 from .ledger_queue import ChainAction, LedgerQueue, work_key
 from .settings import ValidatorSettings
 
@@ -212,8 +212,10 @@ class Validator:
         verdicts: list[tuple[str, SubmittedRollout, Verdict, VerifiedRollout | None]],
         undecodable: list[str],
     ) -> None:
-        """Verdicts, chain actions and ACKs in one Redis transaction: all or nothing."""
+        """Verdicts, chain actions, per-worker counters and ACKs in one Redis transaction: all
+        or nothing."""
         pipe = self.r.pipeline(transaction=True)
+        now = time.time()
         for entry_id, msg, verdict, verified in verdicts:
             key = work_key(msg.lease.pool_id, msg.submission_id).hex()
             if verified is not None:
@@ -229,6 +231,7 @@ class Validator:
             if action is not None:
                 pipe.rpush(self.queue.key, action.dumps())
             pipe.xack(streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, entry_id)
+            stats.count_verdict(pipe, verdict, now)
             label = "accepted" if verdict.accepted else str(verdict.reason)
             self.counts[label] += 1
             metrics.VERDICTS.labels(label).inc()

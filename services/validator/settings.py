@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from prime_swarm.libs.observability.logs import LogLevel
 from prime_swarm.libs.rollout.recipe import Recipe
 
 
@@ -48,4 +49,4 @@ class ValidatorSettings(BaseSettings):
     metrics_host: str = Field("127.0.0.1", description="Interface for /healthz and /metrics.")
     metrics_port: int = Field(0, description="Port for /healthz and /metrics (0: disabled).")
     threads: int = Field(1, ge=1, description="torch intra-op threads.")
-    log_level: str = Field("INFO", description="Log level.")
+    log_level: LogLevel = Field("INFO", description="Log level.")

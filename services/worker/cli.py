@@ -1,144 +1,194 @@
 """`prime-worker`: contribute compute to a pool.
 
-prime-worker join --pool 1 --rpc-url http://127.0.0.1:8545 --ledger 0x...
+  prime-worker join --pool 1 --rpc-url http://127.0.0.1:8545 --ledger 0x...
+  prime-worker status --pool 1 ...     what is staked, attested and claimable, in ETH
+  prime-worker leave / withdraw / claim --pool 1 ...
+
+The key is an encrypted keystore (created on first use; `import-key` brings an existing one);
+its passphrase comes from PRIME_WORKER_PASSPHRASE or a prompt.
 """
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
-from pathlib import Path
-from typing import get_args
+import threading
+from collections.abc import Callable
 
 from prime_swarm.libs.chain.client import LedgerClient
-from prime_swarm.libs.chain.errors import ChainError
+from prime_swarm.libs.chain.errors import ChainError, KeyFileError
+from prime_swarm.libs.chain.units import eth
+from prime_swarm.libs.cli import add_settings, fail, new_parser
 from prime_swarm.libs.observability.http import serve_observability
 from prime_swarm.libs.observability.logs import setup_logging
-from prime_swarm.protocol.keys import KeyFileError, load_or_create_key
-from prime_swarm.protocol.messages import BackendName
 
-from .settings import WorkerSettings
+from .keys import PASSPHRASE_ENV, import_existing, open_key
+from .onboarding import JoinError, Standing, read_standing
+from .settings import WorkerChainSettings, WorkerKeySettings, WorkerSettings
 
-
-def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> WorkerSettings:
-    overrides = {
-        "pool_id": args.pool,
-        "rpc_url": args.rpc_url,
-        "ledger_address": args.ledger,
-        "key_file": args.key_file,
-        "cache_dir": getattr(args, "cache_dir", None),
-        "max_rollouts": getattr(args, "max_rollouts", None),
-        "unstake_on_exit": True if getattr(args, "unstake_on_exit", False) else None,
-        "progress": False if getattr(args, "no_progress", False) else None,
-        "backend": getattr(args, "backend", None),
-        "device": getattr(args, "device", None),
-        "precision": getattr(args, "precision", None),
-        "trainer": getattr(args, "trainer", None),
-    }
-    try:
-        return WorkerSettings(**{k: v for k, v in overrides.items() if v is not None})
-    except Exception as exc:
-        parser.error(str(exc))
+# Each command and the settings class its flags come from (a new command: one line here).
+COMMANDS = {
+    "join": (WorkerSettings, "check, stake, register and generate rollouts until Ctrl-C"),
+    "status": (WorkerChainSettings, "this key's balance, stake, units and rewards in a pool"),
+    "leave": (
+        WorkerChainSettings,
+        "leave a pool: the stake unbonds (stays slashable) for the pool's period",
+    ),
+    "withdraw": (WorkerChainSettings, "take back the stake once its unbonding has ended"),
+    "claim": (WorkerChainSettings, "claim the rewards earned in a pool"),
+    "address": (WorkerKeySettings, "print (and create) this worker's address"),
+    "import-key": (WorkerKeySettings, "store an existing private key (read from stdin)"),
+}
 
 
-def unstake(ledger: LedgerClient, command: str, pool_id: int, address: str) -> str:
-    """Leave (start unbonding) or withdraw; returns the line to show the contributor."""
+def describe(s: Standing, block: int) -> str:
+    """The contributor's position in a pool, with what to do next."""
+    pid = s.pool.pool_id
+    lines = [f"{s.address} in pool {pid}: balance {eth(s.balance)}"]
+    if s.member:
+        lines.append(f"  staked {eth(s.stake)} (member; `prime-worker leave` starts unbonding)")
+    elif s.stake and s.unbonding_until > block:
+        lines.append(
+            f"  {eth(s.stake)} unbonding until block {s.unbonding_until} (now {block}); "
+            "then `prime-worker withdraw`"
+        )
+    elif s.stake:
+        lines.append(f"  {eth(s.stake)} unbonded: `prime-worker withdraw` pays it out")
+    else:
+        lines.append(f"  not staked (minimum {eth(s.pool.min_stake)}; `prime-worker join`)")
+    lines.append(
+        f"  {s.units:,} units attested; rewards {eth(s.rewards)} claimable"
+        + (" (`prime-worker claim`)" if s.rewards else "")
+    )
+    return "\n".join(lines)
+
+
+def still_staked(s: Standing) -> str:
+    """What Ctrl-C leaves behind, and how to get it back."""
+    if not s.member:
+        return describe(s, 0).splitlines()[1].strip()
+    return (
+        f"{eth(s.stake)} is still staked in pool {s.pool.pool_id} "
+        f"({eth(s.rewards)} rewards claimable): `prime-worker leave --pool {s.pool.pool_id}` "
+        "starts its unbonding, `prime-worker withdraw` then pays it out"
+    )
+
+
+def chain_command(command: str, ledger: LedgerClient, settings: WorkerChainSettings) -> str:
+    address = ledger.account.address if ledger.account else ""
+    pool_id = settings.pool_id
+    standing = read_standing(ledger, settings, address)
+    block = ledger.block_number()
+    if command == "status":
+        return describe(standing, block)
     if command == "leave":
+        if not standing.member:
+            raise JoinError(describe(standing, block).splitlines()[1].strip())
         left = ledger.leave(pool_id)
         return (
-            f"{address} left pool {pool_id}; {left.stake} wei unbond until block "
-            f"{left.unbonding_until} (still slashable until then), then run `prime-worker withdraw`"
+            f"left pool {pool_id}: {eth(left.stake)} unbonds until block {left.unbonding_until} "
+            "(still slashable until then), then `prime-worker withdraw`"
         )
-    until, now = ledger.unbonding_until(pool_id, address), ledger.block_number()
-    if until > now:
-        return f"{address}: stake in pool {pool_id} unbonds until block {until} (now {now})"
-    return f"{address} withdrew {ledger.withdraw(pool_id)} wei from pool {pool_id}"
+    if command == "withdraw":
+        if standing.member or not standing.stake or standing.unbonding_until > block:
+            raise JoinError(describe(standing, block).splitlines()[1].strip())
+        return f"withdrew {eth(ledger.withdraw(pool_id))} from pool {pool_id}"
+    if not standing.rewards:  # claim
+        raise JoinError(f"no rewards to claim in pool {pool_id} yet ({standing.units:,} units)")
+    return f"claimed {eth(ledger.claim_rewards(pool_id))} from pool {pool_id}"
+
+
+def ask(question: str) -> bool:
+    if not sys.stdin.isatty():
+        raise JoinError(f"{question} No terminal to ask in: pass --yes (PRIME_WORKER_YES=1)")
+    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="prime-worker",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_text in (
-        ("join", "stake, register and generate rollouts until Ctrl-C"),
-        ("leave", "leave a pool: the stake unbonds (stays slashable) for the pool's period"),
-        ("withdraw", "take back the stake once its unbonding has ended"),
-        ("address", "print (and create) this worker's address"),
-    ):
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument("--pool", type=int, help="on-chain pool id (PRIME_WORKER_POOL_ID)")
-        p.add_argument("--rpc-url", help="chain JSON-RPC URL (PRIME_WORKER_RPC_URL)")
-        p.add_argument("--ledger", help="ledger contract address (PRIME_WORKER_LEDGER_ADDRESS)")
-        p.add_argument("--key-file", type=Path, help="key file, created if missing")
-        if name == "join":
-            p.add_argument("--cache-dir", type=Path)
-            p.add_argument("--max-rollouts", type=int)
-            p.add_argument("--unstake-on-exit", action="store_true")
-            p.add_argument("--no-progress", action="store_true")
-            p.add_argument(
-                "--backend",
-                choices=get_args(BackendName),
-                help="generation engine: hf (transformers) or vllm (PRIME_WORKER_BACKEND)",
-            )
-            p.add_argument("--device", help="cpu, cuda or cuda:N (PRIME_WORKER_DEVICE)")
-            p.add_argument(
-                "--trainer",
-                help="pin the trainer's signing address; default: the pool's record on chain "
-                "(PRIME_WORKER_TRAINER)",
-            )
-            p.add_argument(
-                "--precision",
-                choices=["bf16", "fp16", "fp32"],
-                help="compute precision, declared with every submission (PRIME_WORKER_PRECISION)",
-            )
+    parser = new_parser("prime-worker", __doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = {}
+    for name, (settings_cls, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        commands[name] = add_settings(p, settings_cls)
     args = parser.parse_args(argv)
-
-    if args.command == "address":
-        key_file = args.key_file or WorkerSettings.model_fields["key_file"].default
-        print(load_or_create_key(key_file).address)
-        return
-    settings = _settings(parser, args)
-    log = setup_logging("worker", settings.log_level)
+    settings = commands[args.command].load(args)
+    prog = f"prime-worker {args.command}"
     try:
-        account = load_or_create_key(settings.key_file)
+        if args.command == "import-key":
+            account = import_existing(settings.key_file)
+        else:
+            account = open_key(settings.key_file)
     except KeyFileError as exc:
-        parser.exit(2, f"prime-worker: {exc}\n")
-    if args.command in ("leave", "withdraw"):
-        ledger = LedgerClient(
-            settings.rpc_url, settings.ledger_address, account, timeout=settings.chain_timeout_s
-        )
-        try:
-            print(unstake(ledger, args.command, settings.pool_id, account.address))
-        except ChainError as exc:
-            parser.exit(1, f"prime-worker {args.command}: {exc}\n")
+        fail(prog, f"{exc} (--key-file, {PASSPHRASE_ENV})")
+    if args.command in ("address", "import-key"):
+        print(account.address)
         return
+    assert isinstance(settings, WorkerChainSettings)
+    ledger = LedgerClient(
+        settings.rpc_url, settings.ledger_address, account, timeout=settings.chain_timeout_s
+    )
+    if args.command != "join":
+        try:
+            print(chain_command(args.command, ledger, settings))
+        except (JoinError, ChainError) as exc:
+            print(f"{prog}: {exc}", file=sys.stderr)
+            sys.exit(1)
+        return
+    assert isinstance(settings, WorkerSettings)
+    setup_logging("worker", settings.log_level)
+    try:
+        join(settings, account, ledger)
+    except JoinError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:  # the second Ctrl-C: what is staked was printed on the way out
+        sys.exit(130)
+
+
+def join(settings: WorkerSettings, account, ledger: LedgerClient) -> None:  # noqa: ANN001
+    from prime_swarm.libs.model.hardware import detect
+
+    from .onboarding import check_orchestrator, check_trainer, stake_if_needed
+
+    say = print if sys.stderr.isatty() else (lambda *_a: None)
+    try:
+        hardware = detect(settings.device)
+    except ValueError as exc:
+        raise JoinError(f"--device {settings.device}: {exc}") from None
+    standing = read_standing(ledger, settings, account.address)
+    say(f"worker {account.address}: balance {eth(standing.balance)}")
+    say(f"hardware: {hardware.describe()}; backend {settings.backend}")
+    trainer = check_trainer(standing.pool, settings)
+    check_orchestrator(standing.pool, settings.http_timeout_s)
+    say(f"pool {settings.pool_id}: orchestrator {standing.pool.orchestrator_url} answers")
+    stake_if_needed(ledger, standing, confirm=(lambda q: True) if settings.yes else ask)
+
     import torch
 
     torch.set_num_threads(settings.threads)
-    if settings.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.exit(2, f"prime-worker: --device {settings.device}: no CUDA device is visible\n")
     from prime_swarm.libs.model.backend import make_backend
     from prime_swarm.libs.model.vllm_backend import VLLMBackendError
 
-    from .runner import JoinError, Worker
+    from .runner import Worker
+    from .status_line import Snapshot, StatusLine
 
     # The backend is chosen once, here, and injected: the worker never branches on its name.
     try:
         backend = make_backend(settings.backend, settings.precision)
     except VLLMBackendError as exc:
-        parser.exit(2, f"prime-worker: --backend {settings.backend}: {exc}\n")
-    worker = Worker(settings, account, backend)
-
-    # Ctrl-C / SIGTERM: finish the rollout in hand, then stop (and unstake if asked).
-    def request_stop(*_: object) -> None:
-        worker.stop.set()
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+        raise JoinError(f"--backend {settings.backend}: {exc}") from None
+    snapshot = Snapshot()
+    worker = Worker(
+        settings,
+        account,
+        backend,
+        standing.pool.orchestrator_url,
+        trainer,
+        hardware.describe(),
+        snapshot,
+    )
+    install_stop(worker.stop)
     if settings.metrics_port:
         serve_observability(
             settings.metrics_host,
@@ -150,12 +200,69 @@ def main(argv: list[str] | None = None) -> None:
                 "refused": worker.refused,
             },
         )
+    line = None
+    if sys.stderr.isatty():
+        refresh = status_refresher(worker.orchestrator_url, ledger, settings)
+        line = StatusLine(snapshot, refresh=refresh)
+        line.start()
     try:
         worker.run()
-    except (JoinError, VLLMBackendError) as exc:
-        log.error(str(exc))
-        print(f"prime-worker: {exc}", file=sys.stderr)
-        sys.exit(1)
+    except VLLMBackendError as exc:
+        raise JoinError(f"--backend {settings.backend}: {exc}") from None
+    finally:
+        if line is not None:
+            line.stop()
+        if settings.unstake_on_exit:
+            left = ledger.leave(settings.pool_id)
+            print(
+                f"left pool {settings.pool_id}: {eth(left.stake)} unbonds until block "
+                f"{left.unbonding_until}, then `prime-worker withdraw`",
+                file=sys.stderr,
+            )
+        else:
+            try:
+                print(still_staked(read_standing(ledger, settings, account.address)))
+            except JoinError as exc:
+                print(f"stopped; the chain could not be read for the stake left: {exc}")
+
+
+def install_stop(stop: threading.Event) -> None:
+    """First Ctrl-C (or SIGTERM): finish the batch in hand, then stop. A second: stop now."""
+
+    def request_stop(signum: int, _frame: object) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop.set()
+        print(
+            "\nstopping after the batch in hand (Ctrl-C again to stop now) ...",
+            file=sys.stderr,
+        )
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+
+
+def status_refresher(
+    orchestrator_url: str, ledger: LedgerClient, settings: WorkerSettings
+) -> Callable[..., None]:
+    """Reads the validators' verdicts (orchestrator status API) and the chain's units and
+    rewards into the status line's snapshot."""
+    import httpx
+
+    from prime_swarm.protocol.messages import WorkerStatusReply
+
+    address = ledger.account.address if ledger.account else ""
+
+    def refresh(snapshot) -> None:  # noqa: ANN001
+        url = f"{orchestrator_url.rstrip('/')}/v1/status/workers/{address}"
+        resp = httpx.get(url, timeout=settings.http_timeout_s)
+        if resp.status_code == 200 and len(resp.content) < 1 << 20:
+            mine = WorkerStatusReply.model_validate_json(resp.content).worker
+            snapshot.accepted, snapshot.rejected = mine.accepted, dict(mine.rejected)
+        snapshot.units = ledger.work_units(settings.pool_id, address)
+        snapshot.rewards_wei = ledger.reward_balance(settings.pool_id, address)
+
+    return refresh
 
 
 if __name__ == "__main__":

@@ -38,6 +38,11 @@ class OrchestratorError(RuntimeError):
         super().__init__(f"{status} {reason}: {message}")
         self.status, self.reason, self.message = status, reason, message
 
+    @property
+    def transient(self) -> bool:
+        """Worth waiting out: the orchestrator or what it depends on is down or overloaded."""
+        return self.status >= 500 or self.status == 429 and self.reason != "too_many_leases"
+
 
 def _retry_after(value: str | None) -> float | None:
     try:

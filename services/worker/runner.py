@@ -7,12 +7,10 @@ import queue
 import threading
 import time
 
+import httpx
 from eth_account.signers.local import LocalAccount
 from tqdm import tqdm
 
-from prime_swarm.libs.chain.anchor import trusted_trainer
-from prime_swarm.libs.chain.client import LedgerClient
-from prime_swarm.libs.chain.errors import ChainError
 from prime_swarm.libs.model.backend import GenerationBackend
 from prime_swarm.libs.model.causal_lm import PRECISIONS
 from prime_swarm.libs.policy.store import LoadedPolicy, PolicyError, PolicyStore
@@ -28,57 +26,37 @@ from prime_swarm.protocol.messages import (
 
 from . import metrics
 from .client import OrchestratorClient, OrchestratorError
+from .onboarding import JoinError
 from .settings import WorkerSettings
+from .status_line import Snapshot
 
 log = logging.getLogger("worker")
-GAS_HEADROOM_WEI = 10**16  # enough for join + leave on any dev chain
-
-
-class JoinError(RuntimeError):
-    """A problem the contributor must fix (funding, pool id); printed without a traceback."""
 
 
 class Worker:
+    """Works for a pool it has already joined on chain (see `onboarding`): registers, then
+    leases, generates, proves and submits until `stop` is set."""
+
     def __init__(
-        self, settings: WorkerSettings, account: LocalAccount, backend: GenerationBackend
+        self,
+        settings: WorkerSettings,
+        account: LocalAccount,
+        backend: GenerationBackend,
+        orchestrator_url: str,
+        trusted_trainer: str,
+        hardware: str = "",
+        snapshot: Snapshot | None = None,
     ) -> None:
         self.s, self.account, self.backend = settings, account, backend
-        self.ledger = LedgerClient(
-            settings.rpc_url,
-            settings.ledger_address,
-            account=account,
-            timeout=settings.chain_timeout_s,
-        )
+        self.orchestrator_url, self.trusted_trainer = orchestrator_url, trusted_trainer
+        self.hardware = hardware
+        self.snapshot = snapshot or Snapshot()
         self.stop = threading.Event()
         self.policy_info: PolicyInfo | None = None
-        self.trusted_trainer = ""  # set by join_pool from the chain (or the pinned flag)
         self.store: PolicyStore | None = None
         self._fetching: threading.Thread | None = None
         self.submitted = 0
         self.refused = 0
-
-    # ------------------------------------------------------------------ joining
-    def join_pool(self) -> str:
-        """Stake into the pool if needed; return the orchestrator URL named on chain."""
-        try:
-            pool = self.ledger.get_pool(self.s.pool_id)
-        except Exception as exc:
-            raise JoinError(f"pool {self.s.pool_id} not found on chain: {exc}") from exc
-        try:
-            self.trusted_trainer = trusted_trainer(pool, self.s.trainer)
-        except ChainError as exc:
-            raise JoinError(f"--trainer: {exc}") from None
-        if not self.ledger.is_member(self.s.pool_id, self.account.address):
-            balance = self.ledger.balance_of(self.account.address)
-            need = pool.min_stake + GAS_HEADROOM_WEI
-            if balance < need:
-                raise JoinError(
-                    f"{self.account.address} holds {balance} wei; staking into pool "
-                    f"{self.s.pool_id} needs {pool.min_stake} wei plus gas. Fund it and retry."
-                )
-            self.ledger.join(self.s.pool_id, pool.min_stake)
-            log.info("staked", extra={"fields": {"pool": self.s.pool_id, "wei": pool.min_stake}})
-        return pool.orchestrator_url
 
     # ------------------------------------------------------------------ loops
     def _heartbeat_loop(self, client: OrchestratorClient, interval: float) -> None:
@@ -149,43 +127,47 @@ class Worker:
         self._fetching.start()
 
     def run(self) -> None:
-        orchestrator_url = self.join_pool()
         client = OrchestratorClient(
-            orchestrator_url, self.account, self.s.http_timeout_s, self.s.retry_budget
+            self.orchestrator_url, self.account, self.s.http_timeout_s, self.s.retry_budget
         )
-        try:
-            reply = client.register(
-                RegisterRequest(
-                    worker=self.account.address,
-                    pool_id=self.s.pool_id,
-                    backend=self.s.backend,
-                )
-            )
-        except OrchestratorError as exc:
-            raise JoinError(f"registration refused: {exc}") from exc
+        outage = Outage(self.s.outage_budget_s, self.snapshot)
+        request = RegisterRequest(
+            worker=self.account.address,
+            pool_id=self.s.pool_id,
+            backend=self.s.backend,
+            device=self.s.device,
+            hardware=self.hardware[:128],
+        )
+        while True:
+            self.snapshot.activity = "registering"
+            try:
+                reply = client.register(request)
+                break
+            except OrchestratorError as exc:
+                if not exc.transient:
+                    raise JoinError(f"registration refused: {exc}") from None
+                outage.wait(self.stop, exc)
+            except httpx.TransportError as exc:
+                outage.wait(self.stop, exc)
+            if self.stop.is_set():
+                return
         self.policy_info = reply.policy
-        log.info("registered", extra={"fields": {"orchestrator": orchestrator_url}})
+        log.info("registered", extra={"fields": {"orchestrator": self.orchestrator_url}})
         hb = threading.Thread(
             target=self._heartbeat_loop, args=(client, reply.heartbeat_interval_s), daemon=True
         )
         hb.start()
         try:
-            self._work(client)
+            self._work(client, outage)
         finally:
             self.stop.set()
             client.close()
-            if self.s.unstake_on_exit:
-                left = self.ledger.leave(self.s.pool_id)
-                log.info(
-                    "left the pool; run `prime-worker withdraw` once the stake has unbonded",
-                    extra={"fields": {"wei": left.stake, "unbonding_until": left.unbonding_until}},
-                )
             log.info(
                 "worker stopped",
                 extra={"fields": {"submitted": self.submitted, "refused": self.refused}},
             )
 
-    def _work(self, client: OrchestratorClient) -> None:
+    def _work(self, client: OrchestratorClient, outage: Outage) -> None:
         """Lease a batch, generate it in one go, hand it to the submitter and lease the next:
         proofs are built and the batch submitted on other threads while the next generates."""
         builder = ProofBuilder()
@@ -197,8 +179,10 @@ class Worker:
                     return
                 policy = self._current_policy()
                 if policy is None:
+                    self.snapshot.activity = "waiting for a policy"
                     self.stop.wait(0.5)
                     continue
+                self.snapshot.version = policy.version
                 count = self.s.lease_batch
                 if self.s.max_rollouts:
                     count = min(count, self.s.max_rollouts - owed)
@@ -212,17 +196,26 @@ class Worker:
                         )
                     )
                 except OrchestratorError as exc:
-                    if exc.reason == "stale_policy":
+                    if exc.transient:
+                        outage.wait(self.stop, exc)
+                    elif exc.reason == "stale_policy":
                         self._refresh_policy_info(client)
                     else:
                         log.warning("lease refused: %s", exc)
                         self.stop.wait(1.0)
                     continue
+                except httpx.TransportError as exc:
+                    outage.wait(self.stop, exc)
+                    continue
+                outage.over()
                 if reply.policy is not None:
                     self.policy_info = reply.policy
                 if not reply.leases:
+                    self.snapshot.activity = "waiting for work"
                     self.stop.wait(reply.retry_after_s or 0.5)
                     continue
+                self.snapshot.activity = "generating"
+                self.snapshot.leases += len(reply.leases)
                 started = time.monotonic()
                 submitter.put(start_leases(policy, reply.leases, self.backend, builder), started)
         finally:
@@ -235,6 +228,7 @@ class Worker:
         for result in reply.results:
             if result.status == 200:
                 self.submitted += 1
+                self.snapshot.submitted += 1
                 metrics.SUBMITTED.inc()
             else:
                 self.refused += 1
@@ -265,6 +259,40 @@ class Worker:
         )
         if reply.policy is not None:
             self.policy_info = reply.policy
+
+
+class Outage:
+    """Rides out an unreachable or overloaded orchestrator: waits with exponential backoff
+    (capped at a minute), shows it on the status line, and gives up only after `budget_s`
+    without one good answer."""
+
+    def __init__(self, budget_s: float, snapshot: Snapshot) -> None:
+        self.budget_s, self.snapshot = budget_s, snapshot
+        self.since: float | None = None
+        self.attempt = 0
+
+    def wait(self, stop: threading.Event, err: Exception) -> None:
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            log.warning("orchestrator unavailable, riding it out: %s", err)
+        if now - self.since > self.budget_s:
+            raise JoinError(
+                f"the orchestrator has not answered for {now - self.since:.0f} s ({err}); "
+                "giving up (raise --outage-budget-s to wait longer)"
+            )
+        delay = min(60.0, 2.0**self.attempt)
+        self.attempt += 1
+        self.snapshot.activity = f"orchestrator unavailable, retrying in {delay:.0f} s"
+        stop.wait(delay)
+
+    def over(self) -> None:
+        if self.since is not None:
+            log.info(
+                "orchestrator back",
+                extra={"fields": {"down_s": round(time.monotonic() - self.since, 1)}},
+            )
+        self.since, self.attempt = None, 0
 
 
 class Submitter:

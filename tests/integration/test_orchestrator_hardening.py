@@ -31,8 +31,10 @@ from prime_swarm.protocol.signing import (
     canonical_request,
     sign_request,
 )
-from prime_swarm.services.worker.cli import unstake
+from prime_swarm.services.worker.cli import chain_command
 from prime_swarm.services.worker.client import OrchestratorClient, OrchestratorError
+from prime_swarm.services.worker.onboarding import JoinError
+from prime_swarm.services.worker.settings import WorkerChainSettings
 
 STANDING_CACHE_S = 0.5
 RATES = {"heartbeat": {"per_second": 1.0, "burst": 3}}
@@ -232,15 +234,24 @@ def test_a_worker_slashed_below_the_minimum_is_refused_leases(pool: Any) -> None
 def test_leaving_unbonds_and_withdraw_waits_for_the_period(pool: Any) -> None:
     account = pool.new_member()
     ledger = pool.ledger_as(account)
-    line = unstake(ledger, "leave", pool.pool_id, account.address)
-    assert "unbond until block" in line and "prime-worker withdraw" in line
-    assert "unbonds until block" in unstake(ledger, "withdraw", pool.pool_id, account.address)
+    settings = WorkerChainSettings(
+        pool_id=pool.pool_id, rpc_url=pool.rpc_url, ledger_address=pool.ledger
+    )
+    line = chain_command("leave", ledger, settings)
+    assert "1 ETH unbonds until block" in line and "prime-worker withdraw" in line
+    with pytest.raises(JoinError, match="unbonding until block"):
+        chain_command("withdraw", ledger, settings)
+    with pytest.raises(JoinError, match="unbonding until block"):  # a second leave: one line
+        chain_command("leave", ledger, settings)
     assert ledger.stake_of(pool.pool_id, account.address) == MIN_STAKE  # still slashable
     remaining = ledger.unbonding_until(pool.pool_id, account.address) - ledger.block_number()
     ledger.w3.provider.make_request("anvil_mine", [hex(remaining)])
-    line = unstake(ledger, "withdraw", pool.pool_id, account.address)
-    assert f"withdrew {MIN_STAKE} wei" in line
+    assert "unbonded: `prime-worker withdraw`" in chain_command("status", ledger, settings)
+    assert chain_command("withdraw", ledger, settings) == f"withdrew 1 ETH from pool {pool.pool_id}"
     assert ledger.stake_of(pool.pool_id, account.address) == 0
+    assert "not staked (minimum 1 ETH" in chain_command("status", ledger, settings)
+    with pytest.raises(JoinError, match="no rewards to claim"):
+        chain_command("claim", ledger, settings)
 
 
 def test_an_unreachable_chain_is_503_not_500(

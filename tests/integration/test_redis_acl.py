@@ -9,6 +9,7 @@ announcing a policy, and a client without credentials doing anything at all.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
@@ -21,12 +22,28 @@ from prime_swarm.deploy import compose_secrets, redis_acl
 from prime_swarm.libs.guard.ratelimit import Rate, RateLimiter
 from prime_swarm.libs.localnet.redis_server import RedisServer
 from prime_swarm.libs.streams.consumer import GroupReader
-from prime_swarm.protocol import streams
+from prime_swarm.protocol import streams, worker_stats
 from prime_swarm.protocol.auth import redis_nonce_burner
-from prime_swarm.protocol.messages import PolicyAnnouncement, SubmittedRollout, VerifiedRollout
+from prime_swarm.protocol.messages import (
+    PolicyAnnouncement,
+    PoolStatus,
+    StepProgress,
+    SubmittedRollout,
+    Verdict,
+    VerifiedRollout,
+)
+from prime_swarm.services.orchestrator.board import RelayWatch, StatusBoard
 from prime_swarm.services.orchestrator.routes import in_flight_groups
 from prime_swarm.services.orchestrator.settings import OrchestratorSettings
-from prime_swarm.services.orchestrator.state import WORKERS, LeaseBook, PolicyTracker
+from prime_swarm.services.orchestrator.state import (
+    WORKER_INFO,
+    WORKERS,
+    LeaseBook,
+    PolicyTracker,
+    WorkerRoster,
+)
+from prime_swarm.services.trainer import progress
+from prime_swarm.services.validator import stats as validator_stats
 from prime_swarm.services.validator.ledger_queue import ChainAction, LedgerQueue
 
 FAKE = {"data": "{}"}  # any payload: the ACL never looks inside an entry
@@ -238,3 +255,71 @@ def test_without_credentials_nothing_is_possible(acl_redis: SimpleNamespace) -> 
                 client.xadd(streams.ROLLOUTS_SUBMITTED, FAKE)
         finally:
             client.close()
+
+
+def test_the_status_counters_work_under_each_roles_acl(acl_redis: SimpleNamespace) -> None:
+    """Each role counts what it learns with its own user; the orchestrator's status board reads
+    them all with its user and cannot change the validator's or the trainer's."""
+    worker = "0x" + "cd" * 20
+    trainer, validator = acl_redis.connect("trainer"), acl_redis.connect("validator")
+    orch = acl_redis.connect("orchestrator")
+    progress.publish(trainer, step_progress(7))  # services/trainer/loop.py, each step
+    verdicts = [
+        Verdict(submission_id=f"s-{i}", lease_id=f"l-{i}", worker=worker, pool_id=1,
+                accepted=ok, reason=None if ok else "bad_proof", units=5 if ok else 0,
+                validator="0x" + "22" * 20)
+        for i, ok in enumerate((True, True, False))
+    ]  # fmt: skip
+    pipe = validator.pipeline(transaction=True)  # services/validator/loop.py `_commit`
+    for verdict in verdicts:
+        validator_stats.count_verdict(pipe, verdict)
+    pipe.execute()
+
+    orch_url = acl_redis.server.url_for("orchestrator", acl_redis.passwords["orchestrator"])
+
+    async def read_status() -> PoolStatus:
+        r = AsyncRedis.from_url(orch_url, socket_timeout=10)
+        try:
+            settings = OrchestratorSettings(ledger_address="0x" + "5f" * 20, pool_id=1)
+            roster = WorkerRoster(r, settings)
+            await roster.register(worker, "NVIDIA L4", "hf", "cuda")
+            async with r.pipeline(transaction=False) as pipe:  # as routes.py `admit` does
+                pipe.xadd(streams.ROLLOUTS_SUBMITTED, FAKE)
+                roster.count_submission(pipe, worker)
+                await pipe.execute()
+            await roster.record_ejection("0x" + "ef" * 20, json.dumps({"at": time.time()}))
+            board = StatusBoard(r, settings, PolicyTracker(r, settings), RelayWatch([], 5, 1))
+            assert (await board.worker(worker)) is not None
+
+            async def none_in_flight() -> int:
+                return 0
+
+            return await board.pool_status(none_in_flight)
+        finally:
+            await r.aclose()
+
+    status = asyncio.run(read_status())
+    row = next(w for w in status.workers if w.worker.lower() == worker)
+    assert (row.hardware, row.submitted, row.accepted, row.units) == ("NVIDIA L4", 1, 2, 10)
+    assert row.rejected == {"bad_proof": 1} and row.accepted_per_min > 0
+    assert any(w.ejected for w in status.workers)
+    assert status.rewards[-1].step == 7
+    totals = worker_stats.VALIDATOR_WORKER.format(worker=worker)
+    for forge in (
+        lambda: orch.hincrby(totals, worker_stats.ACCEPTED, 100),
+        lambda: orch.delete(totals),
+        lambda: orch.xadd(streams.TRAINER_PROGRESS, FAKE),
+        lambda: orch.xtrim(streams.TRAINER_PROGRESS, maxlen=0),
+        lambda: validator.hincrby(WORKER_INFO.format(worker=worker), "submitted", 100),
+        lambda: trainer.hincrby(totals, worker_stats.ACCEPTED, 100),
+        lambda: validator.xadd(streams.TRAINER_PROGRESS, FAKE),
+    ):
+        assert refused(forge)
+
+
+def step_progress(n: int) -> StepProgress:
+    return StepProgress(
+        step=n, version=n, mean_reward=0.5, groups=1, policy_lag_mean=0.0, policy_lag_max=0,
+        stale_dropped=0, accepted_total=0, rejected_total=0, loss=0.0, clip_frac=0.0,
+        seconds=1.0, wall=1.0,
+    )  # fmt: skip

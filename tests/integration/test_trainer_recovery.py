@@ -13,6 +13,7 @@ import redis
 import torch
 from eth_account import Account
 
+from prime_swarm.libs.chain.keyfile import write_key
 from prime_swarm.libs.localnet.process import ManagedProcess
 from prime_swarm.libs.localnet.redis_server import RedisServer
 from prime_swarm.libs.localnet.relay import RelayProcess
@@ -24,7 +25,6 @@ from prime_swarm.libs.rl import checkpoint as ckpt
 from prime_swarm.libs.rl.logprobs import token_logprobs
 from prime_swarm.libs.rollout.verify import prefill_hidden
 from prime_swarm.protocol import streams
-from prime_swarm.protocol.keys import write_key
 from prime_swarm.protocol.messages import (
     PolicyAnnouncement,
     SamplingParams,

@@ -392,7 +392,7 @@ def test_deployer_reads_the_addresses_compose_secrets_writes(
     deployer: ModuleType, tmp_path: Path
 ) -> None:
     from prime_swarm.deploy import compose_secrets
-    from prime_swarm.protocol.keys import load_key
+    from prime_swarm.libs.chain.keyfile import load_key
 
     out = tmp_path / "secrets"
     compose_secrets.generate(out, workers=WORKERS)

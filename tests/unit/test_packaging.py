@@ -24,3 +24,14 @@ def test_torch_is_pinned_exactly_wherever_it_is_required() -> None:
     ]
     torch_reqs = [r for reqs in extras.values() for r in reqs if r.startswith("torch")]
     assert torch_reqs and all(r.startswith("torch==") for r in torch_reqs)
+
+
+def test_the_status_page_is_package_data() -> None:
+    """The orchestrator reads static/status.html at start-up: a non-editable install needs it."""
+    package = "prime_swarm.services.orchestrator"
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ][package]
+    root = REPO / "services" / "orchestrator"
+    files = [p.relative_to(root) for p in (root / "static").iterdir() if p.is_file()]
+    assert files and all(any(f.match(pat) for pat in patterns) for f in files), files

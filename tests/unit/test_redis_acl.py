@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from prime_swarm.deploy import compose_secrets, redis_acl
+from prime_swarm.libs.chain.keyfile import load_key
 from prime_swarm.protocol import streams
-from prime_swarm.protocol.keys import load_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -132,6 +132,7 @@ def test_only_the_orchestrator_writes_submissions_and_only_the_validator_verdict
         streams.ROLLOUTS_VERIFIED: {"validator"},
         streams.ROLLOUTS_REJECTED: {"validator"},
         streams.POLICY_ANNOUNCEMENTS: {"trainer"},
+        streams.TRAINER_PROGRESS: {"trainer"},
     }
     consumers = {
         stream: {name for name, r in redis_acl.ROLES.items() if r.allows("xreadgroup", stream)}
@@ -228,3 +229,37 @@ def test_cli_subcommand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert done.value.code == 0
     assert "created" in capsys.readouterr().out
     assert (tmp_path / "s" / "worker-0-key.json").exists()
+
+
+def test_worker_counters_are_written_by_their_owner_and_only_read_by_the_orchestrator() -> None:
+    """The status API's counters: each role counts in its own namespace; the orchestrator reads
+    the validator's counters and the trainer's progress, and can change neither."""
+    from prime_swarm.protocol import worker_stats as ws
+    from prime_swarm.services.orchestrator import state
+
+    roles = redis_acl.ROLES
+    validator_keys = [
+        ws.VALIDATOR_WORKER.format(worker="0x" + "ab" * 20),
+        ws.VALIDATOR_ACCEPTED_PER_MINUTE.format(minute=29_000_000),
+    ]
+    for key in validator_keys:
+        assert all(roles["validator"].allows(c, key) for c in ("hincrby", "expire"))
+        assert roles["orchestrator"].allows("hgetall", key)
+        assert roles["orchestrator"].allows("hmget", key)
+        for command in ("hincrby", "hset", "hdel", "del", "expire"):
+            assert not roles["orchestrator"].allows(command, key), (command, key)
+        assert not any(roles["trainer"].allows(c, key) for c in roles["trainer"].commands)
+    # Read-only grants of single templates: the rest of validator:* stays out of reach.
+    assert not any(
+        roles["orchestrator"].allows(c, "validator:1:chain_queue")
+        for c in roles["orchestrator"].commands
+    )
+    for template in (state.WORKER_INFO, state.SUBMITS_PER_MINUTE):
+        key = re.sub(r"\{[^}]*\}", "x", template)
+        assert roles["orchestrator"].allows("hincrby", key), template
+        assert not any(roles["validator"].allows(c, key) for c in roles["validator"].commands)
+    progress = streams.TRAINER_PROGRESS
+    assert roles["trainer"].allows("xadd", progress)
+    assert roles["orchestrator"].allows("xrevrange", progress)
+    assert not roles["orchestrator"].allows("xadd", progress)
+    assert not roles["orchestrator"].allows("xtrim", progress)

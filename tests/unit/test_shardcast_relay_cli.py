@@ -13,12 +13,17 @@ ADDR = "0x" + "ab" * 20
 
 
 def test_relay_mode_without_parent_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["relay", "--port", "0", "--trainer", ADDR]) == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["relay", "--port", "0", "--trainer", ADDR])
+    assert exc.value.code == 2
     assert "parent" in capsys.readouterr().err
 
 
-def test_bad_trainer_address_is_refused() -> None:
-    assert main(["origin", "--trainer", "not-an-address"]) == 2
+def test_bad_trainer_address_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["origin", "--trainer", "not-an-address"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.startswith("prime-relay origin: --trainer: ")
 
 
 def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
