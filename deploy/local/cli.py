@@ -52,9 +52,8 @@ def join_instructions(topo: Topology) -> str:
     """What a newcomer pastes to join this local pool from another terminal."""
     flags = f"--pool {topo.pool_id} --rpc-url {topo.rpc_url} --ledger {topo.ledger}"
     fund = (
-        "curl -s -H 'content-type: application/json' --data '{\"jsonrpc\":\"2.0\",\"id\":1,"
-        '"method":"anvil_setBalance","params":["ADDRESS","0x1bc16d674ec80000"]}\' '
-        + topo.rpc_url
+        'curl -s -H \'content-type: application/json\' --data \'{"jsonrpc":"2.0","id":1,'
+        '"method":"anvil_setBalance","params":["ADDRESS","0x1bc16d674ec80000"]}\' ' + topo.rpc_url
     )
     return "\n".join(
         [
