@@ -37,9 +37,10 @@ Phases, one after another on the same server (the first `warmup_s` of each are n
 
 Writes bench/results/orchestrator.json: `workers`, `submissions_per_s` and `p50_ms`/`p99_ms`
 (the `submit` phase: the saturated /v1/submit rate and its latencies), `heartbeats_per_s`, the
-per-phase details (per-route latencies, statuses, CPU seconds of orchestrator, redis, anvil and
-clients), the baseline, ratios against it, and `where_time_goes` (process CPU split and the
-py-spy profile of the orchestrator by library and function).
+per-phase details (per-route latencies, statuses, CPU seconds of orchestrator, redis, anvil,
+clients and other processes, the orchestrator's event-loop thread against its other threads,
+Redis commands per request), the baseline, ratios against it, and `where_time_goes` (process
+CPU split and the py-spy profile of the orchestrator by library and function).
 """
 
 from __future__ import annotations
@@ -453,6 +454,30 @@ def proc_cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_seconds(pid: int) -> tuple[float, float, dict[str, int]]:
+    """(main thread, other threads) CPU seconds of a process, and each thread's context
+    switches. The other threads' share is the process's total less the main thread's, so
+    threads that ended meanwhile still count."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = proc_cpu_seconds(pid)
+    try:
+        stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0, 0.0, {}
+    main = (int(stat[11]) + int(stat[12])) / tick
+    switches: dict[str, int] = {}
+    for tid in tids:
+        try:
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:
+            continue  # a thread that just ended
+        switches[tid] = sum(
+            int(line.split(":", 1)[1]) for line in status.splitlines() if "ctxt_switches:" in line
+        )
+    return main, max(0.0, (total or 0.0) - main), switches
+
+
 def machine_cpu_seconds() -> float | None:
     """Busy CPU seconds of the whole machine, all cores (/proc/stat: all but idle and iowait)."""
     try:
@@ -675,14 +700,28 @@ class Runner:
         spy = None
         if profile is not None:
             spy = start_py_spy(self.st.orchestrator.proc.pid, duration, profile)
+        orch_pid = self.st.orchestrator.proc.pid
+        threads0 = thread_cpu_seconds(orch_pid)
         cpu0, t0, cmds0 = self.cpu(), time.monotonic(), self.redis_commands()
         time.sleep(max(0.0, end - time.monotonic()))
         cpu1, window, cmds1 = self.cpu(), time.monotonic() - t0, self.redis_commands()
+        threads1 = thread_cpu_seconds(orch_pid)
         results = [self.receive(c) for c in self.conns]
         if spy is not None:
             spy.wait(timeout=duration + 60)
         out = self.summarize(name, mode, spec, window, cpu0, cpu1, results)
         requests = out["requests_per_s"] * window
+        main_s, others_s = threads1[0] - threads0[0], threads1[1] - threads0[1]
+        # Threads alive at both ends (a thread's count is lost when it ends).
+        switches = sum(threads1[2][t] - n for t, n in threads0[2].items() if t in threads1[2])
+        out["orchestrator_threads"] = {
+            "event_loop_thread_cores": round(main_s / window, 3),
+            "other_threads_cores": round(others_s / window, 3),
+            "context_switches_per_request": round(switches / requests, 2) if requests else None,
+            "what": "CPU of the main thread (uvicorn's event loop) and of all the others "
+            "(anyio's pool running sync dependencies and routes, asyncio.to_thread running "
+            "chain reads); the GIL lets one of them run Python at a time",
+        }
         if requests:
             calls = cmds1 - cmds0
             calls.pop("info", None)  # this bench's own
@@ -783,7 +822,7 @@ def start_py_spy(pid: int, duration: float, out: Path) -> subprocess.Popen | Non
         return None
     return subprocess.Popen(
         [binary, "record", "--pid", str(pid), "--duration", str(max(1, int(duration)))]
-        + ["--rate", "200", "--format", "raw", "--nonblocking", "--full-filenames"]
+        + ["--rate", "200", "--format", "raw", "--nonblocking", "--gil", "--full-filenames"]
         + ["--output", str(out)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -885,8 +924,9 @@ def read_profile(path: Path, top: int = 20) -> dict[str, Any] | None:
 
     return {
         "samples": total,
-        "what": "py-spy record --nonblocking at 200 Hz on the orchestrator during the profile "
-        "phase (a repeat of `submit`); percentages of CPU-active samples, idle excluded",
+        "what": "py-spy record --gil --nonblocking at 200 Hz on the orchestrator during the "
+        "profile phase (a repeat of `submit`): percentages of the samples of whichever thread "
+        "held the GIL, i.e. of the Python work that one process can do at a time",
         "by_library_pct": pct(by_cat, len(by_cat)),
         "top_self_pct": pct(self_fn, top),
         "project_functions_inclusive_pct": pct(incl_fn, top),
@@ -1088,7 +1128,8 @@ def report(
         "p99_ms": sub_lat.get("p99_ms"),
         "figures": (
             "submissions_per_s, p50_ms, p99_ms: the `submit` phase, every worker leasing and "
-            "submitting back to back (closed loop, 100 requests in flight), /v1/submit only; "
+            f"submitting back to back (closed loop, {args.workers} requests in flight), "
+            "/v1/submit only; "
             "heartbeats_per_s: the `heartbeat` phase. The open-loop phases give the latency at "
             "a fixed offered rate, counted from each submission's scheduled time."
         ),
