@@ -138,7 +138,11 @@ def test_a_silent_worker_is_ejected_on_chain_with_the_owners_key(
         assert event["args"]["reason"] == "no heartbeat for 2 s"
         assert ledger.stake_of(live.pool_id, silent.address) == event["args"]["stake"] > 0
         assert ledger.is_member(live.pool_id, alive.address)  # heartbeats keep a worker in
-        record = json.loads(live.redis.hget(EJECTED, silent.address.lower()))
+        # The record lands in Redis just after the transaction is mined.
+        while (raw := live.redis.hget(EJECTED, silent.address.lower())) is None:
+            assert time.monotonic() < deadline, live.process.tail()
+            time.sleep(0.1)
+        record = json.loads(raw)
         assert record["tx"] == event["transactionHash"].to_0x_hex()
         # An ejected worker gets no more work.
         with pytest.raises(OrchestratorError) as err:
