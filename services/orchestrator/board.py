@@ -19,6 +19,7 @@ from eth_utils import to_checksum_address
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
+from prime_swarm.libs.guard import untrusted_json
 from prime_swarm.libs.rollout.admission import oldest_admitted
 from prime_swarm.protocol import streams
 from prime_swarm.protocol import worker_stats as ws
@@ -116,8 +117,9 @@ async def probe(client: httpx.AsyncClient, url: str, deadline_s: float) -> Relay
         )
     latency = round((time.monotonic() - started) * 1000, 1)
     try:
-        doc = json.loads(body) if len(body) <= HEALTH_BODY_LIMIT else None
-    except ValueError:
+        # untrusted_json: a relay's answer is hostile input (size and nesting bounded).
+        doc = untrusted_json.loads(body, max_bytes=HEALTH_BODY_LIMIT)
+    except untrusted_json.UntrustedJSONError:
         doc = None
     doc = doc if isinstance(doc, dict) else {}
     latest = doc.get("latest")

@@ -138,9 +138,8 @@ async def lease(body: LeaseRequest, signer: Signer, pool: PoolDep) -> LeaseReply
         raise refuse(
             "lease", 429, "too many open leases; submit or let them expire", "too_many_leases"
         )
-    await pool.workers.seen(body.worker)
+    live = await pool.workers.seen_and_live(body.worker)
     in_flight = await in_flight_groups(pool)
-    live = await pool.workers.live_count()
     grant = lease_grant(
         body.count,
         worker_open,

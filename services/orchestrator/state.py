@@ -107,9 +107,14 @@ class WorkerRoster:
     async def seen(self, worker: str) -> None:
         await self.redis.zadd(LIVE_WORKERS, {worker.lower(): time.time()})
 
-    async def live_count(self) -> int:
-        since = time.time() - self.settings.heartbeat_ttl_s
-        return int(await self.redis.zcount(LIVE_WORKERS, since, "+inf"))
+    async def seen_and_live(self, worker: str) -> int:
+        """`seen`, and how many workers are live now, in one round trip (every lease asks)."""
+        now = time.time()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(LIVE_WORKERS, {worker.lower(): now})
+            pipe.zcount(LIVE_WORKERS, now - self.settings.heartbeat_ttl_s, "+inf")
+            _, live = await pipe.execute()
+        return int(live)
 
     async def claim_silent(self, silent_for_s: float, limit: int = 16) -> list[str]:
         """Registered workers not heard from for `silent_for_s`, each removed from the roster as

@@ -15,6 +15,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+from eth_account.signers.local import LocalAccount
+
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.chain.errors import ChainError, KeyFileError
 from prime_swarm.libs.chain.units import eth
@@ -22,9 +24,11 @@ from prime_swarm.libs.cli import add_settings, fail, new_parser
 from prime_swarm.libs.observability.http import serve_observability
 from prime_swarm.libs.observability.logs import setup_logging
 
+from .client import OrchestratorClient, OrchestratorError
 from .keys import PASSPHRASE_ENV, import_existing, open_key
 from .onboarding import JoinError, Standing, read_standing
 from .settings import WorkerChainSettings, WorkerKeySettings, WorkerSettings
+from .status_line import Snapshot
 
 # Each command and the settings class its flags come from (a new command: one line here).
 COMMANDS = {
@@ -41,32 +45,36 @@ COMMANDS = {
 }
 
 
-def describe(s: Standing, block: int) -> str:
-    """The contributor's position in a pool, with what to do next."""
-    pid = s.pool.pool_id
-    lines = [f"{s.address} in pool {pid}: balance {eth(s.balance)}"]
+def stake_line(s: Standing, block: int) -> str:
+    """Where the stake is, and what to do next with it."""
     if s.member:
-        lines.append(f"  staked {eth(s.stake)} (member; `prime-worker leave` starts unbonding)")
-    elif s.stake and s.unbonding_until > block:
-        lines.append(
-            f"  {eth(s.stake)} unbonding until block {s.unbonding_until} (now {block}); "
+        return f"staked {eth(s.stake)} (member; `prime-worker leave` starts unbonding)"
+    if s.stake and s.unbonding_until > block:
+        return (
+            f"{eth(s.stake)} unbonding until block {s.unbonding_until} (now {block}); "
             "then `prime-worker withdraw`"
         )
-    elif s.stake:
-        lines.append(f"  {eth(s.stake)} unbonded: `prime-worker withdraw` pays it out")
-    else:
-        lines.append(f"  not staked (minimum {eth(s.pool.min_stake)}; `prime-worker join`)")
-    lines.append(
-        f"  {s.units:,} units attested; rewards {eth(s.rewards)} claimable"
-        + (" (`prime-worker claim`)" if s.rewards else "")
+    if s.stake:
+        return f"{eth(s.stake)} unbonded: `prime-worker withdraw` pays it out"
+    return f"not staked (minimum {eth(s.pool.min_stake)}; `prime-worker join`)"
+
+
+def describe(s: Standing, block: int) -> str:
+    """The contributor's position in a pool, with what to do next."""
+    claim = " (`prime-worker claim`)" if s.rewards else ""
+    return "\n".join(
+        [
+            f"{s.address} in pool {s.pool.pool_id}: balance {eth(s.balance)}",
+            f"  {stake_line(s, block)}",
+            f"  {s.units:,} units attested; rewards {eth(s.rewards)} claimable{claim}",
+        ]
     )
-    return "\n".join(lines)
 
 
-def still_staked(s: Standing) -> str:
+def still_staked(s: Standing, block: int) -> str:
     """What Ctrl-C leaves behind, and how to get it back."""
     if not s.member:
-        return describe(s, 0).splitlines()[1].strip()
+        return stake_line(s, block)
     return (
         f"{eth(s.stake)} is still staked in pool {s.pool.pool_id} "
         f"({eth(s.rewards)} rewards claimable): `prime-worker leave --pool {s.pool.pool_id}` "
@@ -83,7 +91,7 @@ def chain_command(command: str, ledger: LedgerClient, settings: WorkerChainSetti
         return describe(standing, block)
     if command == "leave":
         if not standing.member:
-            raise JoinError(describe(standing, block).splitlines()[1].strip())
+            raise JoinError(stake_line(standing, block))
         left = ledger.leave(pool_id)
         return (
             f"left pool {pool_id}: {eth(left.stake)} unbonds until block {left.unbonding_until} "
@@ -91,7 +99,7 @@ def chain_command(command: str, ledger: LedgerClient, settings: WorkerChainSetti
         )
     if command == "withdraw":
         if standing.member or not standing.stake or standing.unbonding_until > block:
-            raise JoinError(describe(standing, block).splitlines()[1].strip())
+            raise JoinError(stake_line(standing, block))
         return f"withdrew {eth(ledger.withdraw(pool_id))} from pool {pool_id}"
     if not standing.rewards:  # claim
         raise JoinError(f"no rewards to claim in pool {pool_id} yet ({standing.units:,} units)")
@@ -146,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
 
 
-def join(settings: WorkerSettings, account, ledger: LedgerClient) -> None:  # noqa: ANN001
+def join(settings: WorkerSettings, account: LocalAccount, ledger: LedgerClient) -> None:
     from prime_swarm.libs.model.hardware import detect
 
     from .onboarding import check_orchestrator, check_trainer, stake_if_needed
@@ -171,7 +179,7 @@ def join(settings: WorkerSettings, account, ledger: LedgerClient) -> None:  # no
     from prime_swarm.libs.model.vllm_backend import VLLMBackendError
 
     from .runner import Worker
-    from .status_line import Snapshot, StatusLine
+    from .status_line import StatusLine
 
     # The backend is chosen once, here, and injected: the worker never branches on its name.
     try:
@@ -221,8 +229,9 @@ def join(settings: WorkerSettings, account, ledger: LedgerClient) -> None:  # no
             )
         else:
             try:
-                print(still_staked(read_standing(ledger, settings, account.address)))
-            except JoinError as exc:
+                standing = read_standing(ledger, settings, account.address)
+                print(still_staked(standing, ledger.block_number()))
+            except (JoinError, ChainError) as exc:
                 print(f"stopped; the chain could not be read for the stake left: {exc}")
 
 
@@ -244,21 +253,20 @@ def install_stop(stop: threading.Event) -> None:
 
 def status_refresher(
     orchestrator_url: str, ledger: LedgerClient, settings: WorkerSettings
-) -> Callable[..., None]:
+) -> Callable[[Snapshot], None]:
     """Reads the validators' verdicts (orchestrator status API) and the chain's units and
     rewards into the status line's snapshot."""
-    import httpx
+    assert ledger.account is not None
+    address = ledger.account.address
+    # A client of its own: the status line must never queue behind the worker's submissions.
+    client = OrchestratorClient(orchestrator_url, ledger.account, settings.http_timeout_s, 0)
 
-    from prime_swarm.protocol.messages import WorkerStatusReply
-
-    address = ledger.account.address if ledger.account else ""
-
-    def refresh(snapshot) -> None:  # noqa: ANN001
-        url = f"{orchestrator_url.rstrip('/')}/v1/status/workers/{address}"
-        resp = httpx.get(url, timeout=settings.http_timeout_s)
-        if resp.status_code == 200 and len(resp.content) < 1 << 20:
-            mine = WorkerStatusReply.model_validate_json(resp.content).worker
+    def refresh(snapshot: Snapshot) -> None:
+        try:
+            mine = client.worker_status(address).worker
             snapshot.accepted, snapshot.rejected = mine.accepted, dict(mine.rejected)
+        except OrchestratorError:  # not registered yet (404), or rate-limited: keep the last
+            pass
         snapshot.units = ledger.work_units(settings.pool_id, address)
         snapshot.rewards_wei = ledger.reward_balance(settings.pool_id, address)
 

@@ -22,6 +22,7 @@ from prime_swarm.protocol.messages import (
     SubmissionBatch,
     SubmitBatchReply,
     SubmitReply,
+    WorkerStatusReply,
 )
 from prime_swarm.protocol.signing import WorkerAuth
 
@@ -78,14 +79,14 @@ class OrchestratorClient:
         )
         self.retry_budget = retry_budget
 
-    def _post(self, path: str, body: BaseModel, reply: type[R]) -> R:
-        content = body.model_dump_json().encode()
+    def _request(self, method: str, path: str, body: BaseModel | None, reply: type[R]) -> R:
+        content = body.model_dump_json().encode() if body is not None else None
         attempt = 0
         while True:
             delay = min(8.0, 0.25 * 2 ** (attempt + 1))
             try:
                 # Each attempt is signed afresh (new nonce and timestamp) by WorkerAuth.
-                status, raw, retry_after = self._send(path, content)
+                status, raw, retry_after = self._send(method, path, content)
                 if status == 429 and retry_after is not None:
                     err: Exception = _error(status, raw)
                     delay = min(30.0, max(delay, retry_after))
@@ -109,11 +110,12 @@ class OrchestratorClient:
                 status, "bad_reply", f"the orchestrator's reply to {path} is not a {reply.__name__}"
             ) from exc
 
-    def _send(self, path: str, content: bytes) -> tuple[int, bytes, float | None]:
+    def _send(
+        self, method: str, path: str, content: bytes | None
+    ) -> tuple[int, bytes, float | None]:
         """Status, body (read up to MAX_REPLY_BYTES, whatever the framing) and Retry-After."""
-        with self.http.stream(
-            "POST", path, content=content, headers={"content-type": "application/json"}
-        ) as resp:
+        headers = {"content-type": "application/json"} if content is not None else None
+        with self.http.stream(method, path, content=content, headers=headers) as resp:
             raw = bytearray()
             for chunk in resp.iter_bytes():
                 raw += chunk
@@ -124,19 +126,23 @@ class OrchestratorClient:
             return resp.status_code, bytes(raw), _retry_after(resp.headers.get("retry-after"))
 
     def register(self, req: RegisterRequest) -> RegisterReply:
-        return self._post("/v1/register", req, RegisterReply)
+        return self._request("POST", "/v1/register", req, RegisterReply)
 
     def heartbeat(self, req: Heartbeat) -> HeartbeatReply:
-        return self._post("/v1/heartbeat", req, HeartbeatReply)
+        return self._request("POST", "/v1/heartbeat", req, HeartbeatReply)
 
     def lease(self, req: LeaseRequest) -> LeaseReply:
-        return self._post("/v1/lease", req, LeaseReply)
+        return self._request("POST", "/v1/lease", req, LeaseReply)
 
     def submit(self, sub: RolloutSubmission) -> SubmitReply:
-        return self._post("/v1/submit", sub, SubmitReply)
+        return self._request("POST", "/v1/submit", sub, SubmitReply)
 
     def submit_batch(self, batch: SubmissionBatch) -> SubmitBatchReply:
-        return self._post("/v1/submit/batch", batch, SubmitBatchReply)
+        return self._request("POST", "/v1/submit/batch", batch, SubmitBatchReply)
+
+    def worker_status(self, address: str) -> WorkerStatusReply:
+        """The pool's view of `address`: verdicts, units, throughput (unsigned, read-only)."""
+        return self._request("GET", f"/v1/status/workers/{address}", None, WorkerStatusReply)
 
     def close(self) -> None:
         self.http.close()

@@ -92,15 +92,17 @@ def check_orchestrator(pool: Pool, timeout_s: float) -> None:
     """The orchestrator the pool names on chain answers; otherwise nothing is staked."""
     url = pool.orchestrator_url.rstrip("/")
     try:
-        resp = httpx.get(f"{url}/healthz", timeout=timeout_s)
+        # Only the status matters: the body of a URL read from chain is never read.
+        with httpx.stream("GET", f"{url}/healthz", timeout=timeout_s) as resp:
+            status = resp.status_code
     except httpx.HTTPError as exc:
         raise JoinError(
             f"pool {pool.pool_id}'s orchestrator at {url} does not answer ({type(exc).__name__}); "
             "nothing was staked: try again later, or ask the pool's operator"
         ) from None
-    if resp.status_code != 200:
+    if status != 200:
         raise JoinError(
-            f"pool {pool.pool_id}'s orchestrator at {url} answers {resp.status_code}; "
+            f"pool {pool.pool_id}'s orchestrator at {url} answers {status}; "
             "nothing was staked: try again later, or ask the pool's operator"
         )
 

@@ -212,6 +212,9 @@ def test_one_worker_for_the_workers_status_line(fed: Fed) -> None:
     for field in ("worker", "hardware", "leases", "submitted", "accepted", "rejected", "units"):
         assert mine[field] == listed[field], field
     assert fed.get(f"/v1/status/workers/{fed.ejected}").json()["worker"]["ejected"]
+    # The worker's own client (what its status line reads) parses the same answer.
+    client = OrchestratorClient(fed.live.url, Account.create(), timeout_s=10, retry_budget=0)
+    assert client.worker_status(fed.busy).worker.model_dump(mode="json") == mine
 
     unknown = fed.get(f"/v1/status/workers/{Account.create().address}")
     assert unknown.status_code == 404 and unknown.json()["detail"]["reason"] == "unknown"
