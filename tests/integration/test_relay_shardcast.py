@@ -266,8 +266,12 @@ def test_corrupt_relay_is_detected_and_dead_relay_skipped(
     bad, good = servers["relay_b"], servers["relay_a"]
     wait_for_version(bad.url, 1, timeout_s=20)
     wait_for_version(good.url, 1, timeout_s=20)
-    # Flip a byte in every weights shard the bad relay holds, behind its back.
-    for shard_file in (bad.data_dir / "v1" / "shards" / "model.safetensors").iterdir():
+    # Flip a byte in every shard of every file the bad relay holds, behind its back: whichever
+    # shard the scheduler sends it for, the bytes are wrong (corrupting the weights alone let a
+    # run fetch only small, intact files from it and never see the lie).
+    shard_files = list((bad.data_dir / "v1" / "shards").glob("*/*"))
+    assert len(shard_files) > len(list(model.iterdir()))  # every file, weights in several shards
+    for shard_file in shard_files:
         raw = bytearray(shard_file.read_bytes())
         raw[len(raw) // 2] ^= 0xFF
         shard_file.write_bytes(bytes(raw))
