@@ -47,7 +47,13 @@ def run_network(settings: LocalNetworkSettings, init_dir: Path, run_dir: Path) -
     try:
         net.start()
         launched = time.monotonic() - started
-        rows = net.follow(lambda row: None, timeout_s=settings.timeout_s)
+        at_first: dict[str, float] = {}
+
+        def on_step(row: object) -> None:
+            if not at_first:
+                at_first.update(net.cpu_seconds())
+
+        rows = net.follow(on_step, timeout_s=settings.timeout_s)
         cpu = net.cpu_seconds()
         counts = net.stream_counts()
     finally:
@@ -73,6 +79,11 @@ def run_network(settings: LocalNetworkSettings, init_dir: Path, run_dir: Path) -
         "filtered_zero_variance": last.filtered_total,
         "rollouts": counts,
         "cpu_seconds": cpu,
+        # CPU per service between the first and the last step: where the steady state goes.
+        "cpu_seconds_window": {k: round(v - at_first.get(k, 0.0), 2) for k, v in cpu.items()},
+        "cpu_ms_per_trained_completion": round(
+            1000 * sum(v - at_first.get(k, 0.0) for k, v in cpu.items()) / max(trained, 1), 2
+        ),
     }
 
 
@@ -88,7 +99,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--steps", type=int, default=RL.steps)
     ap.add_argument("--prompts", type=int, default=RL.prompts_per_step)
-    ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument(
+        "--workers", type=int, default=LocalNetworkSettings.model_fields["workers"].default
+    )
     ap.add_argument("--lr", type=float, default=RL.lr)
     ap.add_argument("--only", choices=["sync", "async", "trl"], nargs="*")
     ap.add_argument("--out", type=Path, default=RESULTS)

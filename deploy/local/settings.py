@@ -20,7 +20,13 @@ class LocalNetworkSettings(BaseSettings):
     cache_dir: Path = Field(Path(".cache"), description="Built models, reused across runs.")
     model_seed: int = Field(0, description="Seed of the tiny model and its warm start.")
     warm_start_steps: int = Field(WARM_START.steps, description="SFT steps of the warm start.")
-    workers: int = Field(3, ge=1, description="Worker processes.")
+    workers: int = Field(
+        2,
+        ge=1,
+        description="Worker processes. Two on 2 cores: a third adds a process's per-version "
+        "work (fetch, load, heartbeats) without adding cores (bench/trainer_bench.py: 1.15x "
+        "the trained completions per second of three).",
+    )
     worker_backends: list[BackendName] = Field(
         ["hf"],
         min_length=1,

@@ -1,9 +1,10 @@
 """The generation backend interface: what a worker needs from an inference engine.
 
 A backend samples with the pool's seeded Gumbel-max rule (libs/rollout/noise.py), so that a
-validator can replay every choice, and captures the final hidden states of every generated
-token while it generates (TOPLOC commits to them; no second prefill). `hf` (transformers, KV
-cache, CPU or CUDA) is in hf_backend.py, `vllm` (vLLM's V1 engine) in vllm_backend.py.
+validator can replay every choice, and returns the final hidden states behind every generated
+token from one prefill of the chosen tokens (`libs/rl/forward.prefill_hidden`, the validator's
+own recomputation, so honest proofs match it bit for bit on like hardware). `hf` (transformers,
+KV cache, CPU or CUDA) is in hf_backend.py, `vllm` (vLLM's V1 engine) in vllm_backend.py.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from prime_swarm.libs.rl.forward import prefill_hidden
 from prime_swarm.libs.rl.logprobs import token_logprobs
 from prime_swarm.libs.rollout.noise import gumbel_rows, perturbed_scores
 
@@ -281,8 +282,6 @@ class VLLMBackend:
     ) -> list[Generation]:
         """Hidden states and log-probs from the validator's own recomputation (one transformers
         prefill in this backend's precision) over vLLM's tokens."""
-        from prime_swarm.libs.rollout.verify import prefill_hidden
-
         nonempty = [i for i, (_, t) in enumerate(pairs) if t]
         hiddens = prefill_hidden(lm, [pairs[i] for i in nonempty], self.precision)
         by_row = dict(zip(nonempty, hiddens, strict=True))

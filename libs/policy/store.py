@@ -55,6 +55,7 @@ class PolicyStore:
         self._downloaded: dict[int, SignedManifest] = {}  # verified on disk, not yet loaded
         self._lock = threading.Lock()
         self._relays: RelayPool | None = None
+        self._fetching: threading.Thread | None = None
 
     def relay_pool(self, urls: list[str]) -> RelayPool:
         """One pool per relay list, so a relay demoted for bad bytes stays demoted."""
@@ -94,6 +95,27 @@ class PolicyStore:
         with self._lock:
             self._downloaded[version] = signed
 
+    def prefetch(self, version: int, relays: list[str]) -> threading.Thread | None:
+        """Download `version` on a background thread, one download at a time; the thread
+        doing it (or the one still busy with an earlier version), None when nothing is to do.
+        A failure is logged: the next `get` tries again and raises."""
+        with self._lock:
+            busy = self._fetching
+            if busy is not None and busy.is_alive():
+                return busy
+            if version in self._loaded or version in self._downloaded:
+                return None
+
+            def fetch() -> None:
+                try:
+                    self.download(version, relays)
+                except PolicyError as exc:
+                    log.warning("%s; keeping the held version", exc)
+
+            self._fetching = threading.Thread(target=fetch, name="policy-prefetch", daemon=True)
+            self._fetching.start()
+            return self._fetching
+
     def is_downloaded(self, version: int) -> bool:
         with self._lock:
             return version in self._downloaded or version in self._loaded
@@ -106,6 +128,9 @@ class PolicyStore:
             if version in self._loaded:
                 self._loaded.move_to_end(version)
                 return self._loaded[version]
+            busy = self._fetching
+        if busy is not None:
+            busy.join()  # never two downloads into one version's directory
         self.download(version, relays, progress)
         with self._lock:
             signed = self._downloaded.pop(version)

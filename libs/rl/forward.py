@@ -15,9 +15,12 @@ from prime_swarm.libs.model.causal_lm import CausalLM
 PromptCompletion = tuple[Sequence[int], Sequence[int]]
 
 
-def pad_right(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids [N,T], attention_mask [N,T]) with each sequence left-aligned."""
-    width = max((len(s) for s in seqs), default=0)
+def pad_right(
+    seqs: Sequence[Sequence[int]], pad_id: int, multiple: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids [N,T], attention_mask [N,T]) with each sequence left-aligned; T is the longest
+    sequence rounded up to a multiple of `multiple`."""
+    width = -(-max((len(s) for s in seqs), default=0) // multiple) * multiple
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
@@ -39,18 +42,19 @@ def pad_left(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
 
 
 def completion_hidden(
-    lm: CausalLM, pairs: Sequence[PromptCompletion]
+    lm: CausalLM, pairs: Sequence[PromptCompletion], width_multiple: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One right-padded forward; (hidden [N,L,C], targets [N,L], mask [N,L]).
 
     L is the longest completion; hidden[i, k] is the final hidden state that predicted
     targets[i, k] = completion_i[k]; mask marks real completion tokens. Right padding needs no
-    position ids: a causal model never lets a real token see the padding after it.
+    position ids: a causal model never lets a real token see the padding after it. The padded
+    width is rounded up to `width_multiple`.
     """
     if any(len(p) == 0 for p, _ in pairs):
         raise ValueError("every prompt needs at least one token")
     device = lm.device
-    ids, attn = pad_right([[*p, *c] for p, c in pairs], lm.pad_id)
+    ids, attn = pad_right([[*p, *c] for p, c in pairs], lm.pad_id, width_multiple)
     ids, attn = ids.to(device), attn.to(device)
     hidden = lm.final_hidden(ids, attn)
     n_comp = torch.tensor([len(c) for _, c in pairs], device=device)
@@ -62,6 +66,28 @@ def completion_hidden(
     targets = ids.gather(1, (src + 1).clamp(max=ids.shape[1] - 1)).masked_fill(~mask, 0)
     take = hidden.gather(1, src[:, :, None].expand(-1, -1, hidden.shape[-1]))
     return take, targets, mask
+
+
+PROOF_WIDTH_MULTIPLE = 32
+"""Proof prefills pad every row to a multiple of this many tokens. A row's bf16 hidden states
+depend on the padded width of its batch (attention and GEMM blocking change with it), not on the
+other rows: a worker and a validator that batch the same sequence differently still compute it
+bit for bit alike when the widths agree (tiny Qwen2 on CPU, one and two threads: pooled group
+error exactly 0 over 160 groups, against p99 0.36 / worst 0.40 ulp with widths left ragged)."""
+
+
+@torch.no_grad()
+def prefill_hidden(
+    lm: CausalLM, sequences: Sequence[PromptCompletion], precision: str = "bf16"
+) -> list[torch.Tensor]:
+    """The final hidden states behind every completion token ([L, C], bf16, CPU), from ONE
+    right-padded forward at `precision` over all sequences: what a proof commits to, computed
+    the same way by the worker that proves and the validator that checks."""
+    if not sequences:
+        return []
+    hidden, _, _ = completion_hidden(lm.cast(precision), sequences, PROOF_WIDTH_MULTIPLE)
+    hidden = hidden.to(torch.bfloat16).cpu()
+    return [hidden[i, : len(c)] for i, (_, c) in enumerate(sequences)]
 
 
 def forward_completions(

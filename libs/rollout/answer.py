@@ -70,9 +70,11 @@ class PendingSubmission:
     completions: list[Generation]
     rewards: list[float]
     proofs: Future[list[bytes]]
+    """The proofs of the whole batch this group was generated in; `span` is this group's."""
+    span: slice
 
     def result(self) -> RolloutSubmission:
-        proofs = self.proofs.result()
+        proofs = self.proofs.result()[self.span]
         samples = [
             CompletionSample(
                 token_ids=c.token_ids,
@@ -121,13 +123,22 @@ def start_leases(
             temperature=temperature,
         )
         builder.timer.add(gen=time.perf_counter() - t0)
-        for lease, prompt, completions in zip(batch, prompts, groups, strict=True):
+        # One proof job for the whole batch: the field arithmetic runs once over every chunk.
+        hiddens: list[torch.Tensor] = []
+        contexts: list[ProofContext] = []
+        spans: list[slice] = []
+        for lease, completions in zip(batch, groups, strict=True):
+            spans.append(slice(len(hiddens), len(hiddens) + len(completions)))
+            hiddens.extend(c.hidden for c in completions)
+            contexts.extend(
+                group_contexts(
+                    policy.model_hash, lease.lease_id, [c.token_ids for c in completions]
+                )
+            )
+        future = builder.submit(hiddens, contexts)
+        for lease, prompt, completions, span in zip(batch, prompts, groups, spans, strict=True):
             env = get_env(lease.env)
             task = env.task_from_id(lease.task_id)
-            contexts = group_contexts(
-                policy.model_hash, lease.lease_id, [c.token_ids for c in completions]
-            )
-            future = builder.submit([c.hidden for c in completions], contexts)
             rewards = [env.reward(task, decode(tok, c.token_ids)) for c in completions]
             out[lease.lease_id] = PendingSubmission(
                 lease,
@@ -138,6 +149,7 @@ def start_leases(
                 completions,
                 rewards,
                 future,
+                span,
             )
     return [out[lease.lease_id] for lease in leases]
 

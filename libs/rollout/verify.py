@@ -16,7 +16,7 @@ from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.tokenizer import decode, prompt_ids
 from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rl.envs import get_env
-from prime_swarm.libs.rl.forward import PromptCompletion, completion_hidden
+from prime_swarm.libs.rl.forward import prefill_hidden as prefill_hidden  # the proof's prefill
 from prime_swarm.libs.rl.logprobs import token_logprobs
 from prime_swarm.libs.rl.reward import LengthReward, RewardParts, score
 from prime_swarm.libs.toploc import (
@@ -33,19 +33,6 @@ from .noise import gumbel_rows, perturbed_scores
 
 
 # --------------------------------------------------------------------------- recomputation
-@torch.no_grad()
-def prefill_hidden(
-    lm: CausalLM, sequences: Sequence[PromptCompletion], precision: str = "bf16"
-) -> list[torch.Tensor]:
-    """The final hidden states behind every completion token ([L, C], bf16, CPU), from ONE
-    right-padded forward at the pool's precision over all sequences."""
-    if not sequences:
-        return []
-    hidden, _, _ = completion_hidden(lm.cast(precision), sequences)
-    hidden = hidden.to(torch.bfloat16).cpu()
-    return [hidden[i, : len(c)] for i, (_, c) in enumerate(sequences)]
-
-
 def replay_gaps(
     logits: torch.Tensor, token_ids: Sequence[int], temperature: float, seed: int, sample: int
 ) -> torch.Tensor:
@@ -55,10 +42,20 @@ def replay_gaps(
     the seeded noise did not choose trails by O(1).
     """
     tokens = torch.as_tensor(list(token_ids), dtype=torch.long, device=logits.device)
+    return row_gaps(logits, tokens, temperature, [(seed, sample, k) for k in range(len(tokens))])
+
+
+def row_gaps(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float,
+    rows: Sequence[tuple[int, int, int]],
+) -> torch.Tensor:
+    """`replay_gaps` for positions of any completions at once: logits [N, V], tokens [N], and
+    each position's noise row (seed, sample, position)."""
     if temperature > 0:
-        rows = [(seed, sample, k) for k in range(len(tokens))]
         scores = perturbed_scores(
-            logits, temperature, gumbel_rows(rows, logits.shape[-1], logits.device)
+            logits, temperature, gumbel_rows(list(rows), logits.shape[-1], logits.device)
         )
     else:
         scores = logits.float()
@@ -125,25 +122,37 @@ def measure_group(
     proofs = verify_proofs_batch(
         list(hiddens), [c.proof for c in sub.completions], contexts, acceptance.thresholds
     )
-    out = []
     temperature = lease.sampling.temperature
-    for i, (c, hidden, proof) in enumerate(zip(sub.completions, hiddens, proofs, strict=True)):
-        logits = lm.head_logits(hidden.to(lm.device))
-        gaps = replay_gaps(logits, c.token_ids, temperature, lease.seed, i)
-        bad = torch.nonzero(gaps > acceptance.replay_tolerance)
-        tokens = torch.as_tensor(c.token_ids, device=logits.device)
+    # The whole group's positions in one head, one noise gather and one softmax: per-completion
+    # calls cost more in dispatch than in arithmetic at these sizes.
+    lengths = [len(c.token_ids) for c in sub.completions]
+    tokens = torch.as_tensor(
+        [t for c in sub.completions for t in c.token_ids], dtype=torch.long, device=lm.device
+    )
+    logits = lm.head_logits(torch.cat([h.to(lm.device) for h in hiddens]))
+    rows = [(lease.seed, i, k) for i, n in enumerate(lengths) for k in range(n)]
+    gaps = row_gaps(logits, tokens, temperature, rows)
+    logprobs = token_logprobs(logits, tokens, temperature).cpu()
+    bad = (gaps > acceptance.replay_tolerance).cpu()
+    gaps = gaps.cpu()
+    out = []
+    at = 0
+    for c, proof, n in zip(sub.completions, proofs, lengths, strict=True):
+        mine = slice(at, at + n)
+        at += n
+        bad_at = torch.nonzero(bad[mine])
         out.append(
             CompletionEvidence(
                 proof=proof,
-                max_replay_gap=float(gaps.max()),
-                first_bad_position=int(bad[0, 0]) if len(bad) else None,
+                max_replay_gap=float(gaps[mine].max()),
+                first_bad_position=int(bad_at[0, 0]) if len(bad_at) else None,
                 reward=score(
                     env.reward(task, decode(lm.tokenizer, c.token_ids)),
-                    len(c.token_ids),
+                    n,
                     lease.target_tokens,
                     length,
                 ),
-                logprobs=token_logprobs(logits, tokens, temperature).tolist(),
+                logprobs=logprobs[mine].tolist(),
             )
         )
     return out

@@ -150,7 +150,7 @@ async def lease(body: LeaseRequest, signer: Signer, pool: PoolDep) -> LeaseReply
     )
     metrics.IN_FLIGHT.set(in_flight)
     if grant == 0:  # enough work in flight: the trainer would only see it stale
-        return LeaseReply(policy=info, retry_after_s=0.2)
+        return LeaseReply(policy=info, retry_after_s=0.05)
     issued = await pool.leases.issue(body.worker, settings.pool_id, info.min_version, grant)
     metrics.LEASES_ISSUED.inc(len(issued))
     return LeaseReply(leases=issued, policy=info)

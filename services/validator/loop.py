@@ -251,6 +251,11 @@ class Validator:
         pipe.execute()
 
     def run_once(self, block_ms: int = 1000) -> int:
+        # The newest announced version downloads in the background while older work is
+        # checked, so its first submissions do not wait for the transfer.
+        announced = self.current_version()
+        if announced >= 0:
+            self.store.prefetch(announced, self.s.relays)
         entries = self.reader.read(self.s.batch_size, block_ms=block_ms)
         if entries:
             self.validate_batch(entries)

@@ -32,6 +32,10 @@ from .status_line import Snapshot
 
 log = logging.getLogger("worker")
 
+SWITCH_WAIT_S = 0.25
+"""How long a worker holding leases waits for an announced version's download before it
+generates them with the version it holds."""
+
 
 class Worker:
     """Works for a pool it has already joined on chain (see `onboarding`): registers, then
@@ -54,7 +58,6 @@ class Worker:
         self.stop = threading.Event()
         self.policy_info: PolicyInfo | None = None
         self.store: PolicyStore | None = None
-        self._fetching: threading.Thread | None = None
         self.submitted = 0
         self.refused = 0
 
@@ -85,10 +88,8 @@ class Worker:
         if held is not None and held.version >= info.min_version:
             if not self.store.is_downloaded(info.version):
                 # Still admitted: keep generating with it while the new version downloads.
-                self._prefetch(info)
+                self.store.prefetch(info.version, info.relays)
                 return held
-        if self._fetching is not None:
-            self._fetching.join()  # never two downloads into one version's directory
         bar = tqdm(
             total=0,
             unit="B",
@@ -111,20 +112,23 @@ class Worker:
         finally:
             bar.close()
 
-    def _prefetch(self, info: PolicyInfo) -> None:
-        if self._fetching is not None and self._fetching.is_alive():
-            return
-        store = self.store
-        assert store is not None
+    def _freshest(self, held: LoadedPolicy) -> LoadedPolicy:
+        """The announced version if it arrives within SWITCH_WAIT_S, else `held`.
 
-        def fetch() -> None:
-            try:
-                store.download(info.version, info.relays)  # loading stays on the main thread
-            except PolicyError as exc:
-                log.warning("%s; keeping the held version", exc)
-
-        self._fetching = threading.Thread(target=fetch, name="policy-prefetch", daemon=True)
-        self._fetching.start()
+        A batch generated with a version the trainer has already replaced starts out one step
+        stale, and policy lag is what ages work past the async bound; waiting a download's few
+        tens of milliseconds for the new one is cheaper than a batch the trainer must drop.
+        """
+        info, store = self.policy_info, self.store
+        if info is None or store is None or held.version >= info.version:
+            return held
+        if not store.is_downloaded(info.version):
+            fetching = store.prefetch(info.version, info.relays)
+            if fetching is not None:
+                fetching.join(SWITCH_WAIT_S)
+        if not store.is_downloaded(info.version):
+            return held
+        return self._current_policy() or held
 
     def run(self) -> None:
         client = OrchestratorClient(
@@ -214,6 +218,7 @@ class Worker:
                     self.snapshot.activity = "waiting for work"
                     self.stop.wait(reply.retry_after_s or 0.5)
                     continue
+                policy = self._freshest(policy)
                 self.snapshot.activity = "generating"
                 self.snapshot.leases += len(reply.leases)
                 started = time.monotonic()

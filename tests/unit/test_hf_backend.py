@@ -199,11 +199,12 @@ def test_greedy_is_the_argmax(lm: CausalLM, prompts: list[list[int]]) -> None:
     for g in greedy:
         assert all(t == g[0].token_ids for t in _tokens(g))
         for c in g:
-            # Exactly the argmax of the fp32 logits over the captured (bf16) state...
+            # The argmax of the fp32 logits over the proof's state (a prefill of the chosen
+            # tokens: the decode's numbers up to bf16 noise, far from a greedy tie here)...
             assert head(c.hidden).argmax(-1).tolist() == c.token_ids
-            # ...with log-probs of the untempered distribution.
+            # ...with the decode's log-probs of the untempered distribution, up to that noise.
             lp = token_logprobs(head(c.hidden), torch.tensor(c.token_ids), 0.0)
-            assert lp.tolist() == pytest.approx(c.logprobs, abs=1e-5)
+            assert lp.tolist() == pytest.approx(c.logprobs, abs=0.02)
     # In fp32, the argmax of a plain full forward at every position (teacher forcing).
     fp32 = _generate(lm, prompts, SEEDS, precision="fp32", temperature=0.0)
     for p, g in zip(prompts, fp32, strict=True):

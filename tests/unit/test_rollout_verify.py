@@ -160,7 +160,8 @@ def test_int8_quantized_weights_fail_the_pooled_group_check(
     with torch.no_grad():
         for p in module.parameters():
             if p.ndim >= 2:
-                scale = p.abs().amax(dim=1, keepdim=True) / 127
+                # An all-zero row (the pad token's embedding) keeps its zeros, not 0/0.
+                scale = (p.abs().amax(dim=1, keepdim=True) / 127).clamp(min=1e-30)
                 p.copy_((p / scale).round().clamp(-127, 127) * scale)
     cheat = LoadedPolicy(policy.version, policy.model_hash, CausalLM(module, policy.lm.tokenizer))
     sub = answer_lease(cheat, honest.lease, HFBackend("bf16"))
