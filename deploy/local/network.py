@@ -188,13 +188,10 @@ class LocalNetwork:
                 # The local pool ejects workers that vanish (killed, crashed) after two minutes.
                 "PRIME_ORCH_OWNER_KEY_FILE": str(self.keys / "owner.json"),
                 "PRIME_ORCH_EJECT_AFTER_S": "120",
-                # Groups in flight: one step's worth when synchronous; two when asynchronous -
-                # measured (bench/trainer_bench.py, 2 workers) against 1.5: 1.1x the trained
-                # completions per second, for ~12 % of the generated groups aging past the bound
-                # and dropped (1.5 dropped ~2 %, but left the trainer waiting on leases).
-                "PRIME_ORCH_MAX_IN_FLIGHT_GROUPS": str(
-                    self.s.groups_per_step * (2 if self.s.recipe.async_level else 1)
-                ),
+                # Groups in flight, not counting the batch the trainer has taken: one step's
+                # worth. Measured (bench/trainer_bench.py, 2 workers): 1.25 steps dropped 4x the
+                # groups as stale for fewer trained completions per second; 1.5 and 2 more so.
+                "PRIME_ORCH_MAX_IN_FLIGHT_GROUPS": str(self.s.groups_per_step),
             },
         ).wait_http(f"{t.orchestrator_url}/healthz")
         for i in range(self.s.workers):

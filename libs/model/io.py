@@ -7,6 +7,7 @@ would be code.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import shutil
@@ -14,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -88,6 +90,44 @@ def load_pretrained(
     )
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return CausalLM(module.to(device).eval(), tokenizer, path.resolve())
+
+
+def load_weights_like(base: CausalLM, model_dir: str | Path) -> CausalLM | None:
+    """`model_dir` loaded as a copy of `base` with new weights, or None when that is not safe.
+
+    A new policy version usually changes only its weights. Building the model again from its
+    config costs 5x more than copying the loaded one and reading one safetensors file into it
+    (14 ms against 3 ms for the tiny model), once per version in every worker and validator.
+    Only a directory whose every other file is byte-identical to `base`'s, with one safetensors
+    file holding exactly `base`'s parameter names and shapes, takes this path.
+    """
+    path = Path(model_dir)
+    weights = sorted(path.glob("*.safetensors"))
+    if base.source is None or len(weights) != 1:
+        return None
+    if _other_files(path) != _other_files(base.source):
+        return None
+    module = copy.deepcopy(base.module)
+    try:
+        # strict: the same names, and load_state_dict refuses other shapes; values are cast
+        # to the loaded model's dtype, as from_pretrained(dtype=...) does.
+        module.load_state_dict(load_file(weights[0], device=str(base.device)), strict=True)
+    except (RuntimeError, OSError, ValueError):
+        return None
+    return CausalLM(module.eval(), base.tokenizer, path.resolve())
+
+
+def _other_files(model_dir: Path) -> dict[str, bytes] | None:
+    """Every file but the weights, by name (config and tokenizer: small); None if unreadable
+    (an evicted version's directory)."""
+    try:
+        return {
+            f.name: f.read_bytes()
+            for f in model_dir.iterdir()
+            if f.is_file() and f.suffix != ".safetensors"
+        }
+    except OSError:
+        return None
 
 
 def weights_sha256(model_dir: str | Path) -> str:

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from prime_swarm.libs.model.causal_lm import CausalLM
-from prime_swarm.libs.model.io import load_pretrained
-from prime_swarm.libs.shardcast.client import download_version, fetch_manifest
+from prime_swarm.libs.model.io import load_pretrained, load_weights_like
+from prime_swarm.libs.shardcast.client import HeldFiles, download_version, fetch_manifest
 from prime_swarm.libs.shardcast.relays import RelayPool
 from prime_swarm.protocol.messages import SignedManifest
 
@@ -53,6 +53,7 @@ class PolicyStore:
         self.dtype, self.device = dtype, device
         self._loaded: OrderedDict[int, LoadedPolicy] = OrderedDict()
         self._downloaded: dict[int, SignedManifest] = {}  # verified on disk, not yet loaded
+        self._on_disk: dict[int, SignedManifest] = {}  # every verified version in cache_dir
         self._lock = threading.Lock()
         self._relays: RelayPool | None = None
         self._fetching: threading.Thread | None = None
@@ -89,11 +90,23 @@ class PolicyStore:
                 progress=progress,
                 manifest=signed,
                 overwrite=True,
+                held=self._held_files(version),
             )
         except Exception as exc:
             raise PolicyError(f"could not fetch policy v{version}: {exc}") from exc
         with self._lock:
             self._downloaded[version] = signed
+            self._on_disk[version] = signed
+
+    def _held_files(self, version: int) -> HeldFiles | None:
+        """The newest version on disk before `version`: its unchanged files are linked, not
+        fetched again."""
+        with self._lock:
+            older = [v for v in self._on_disk if v < version]
+            if not older:
+                return None
+            v = max(older)
+            return HeldFiles(self.cache_dir / f"v{v}", self._on_disk[v].manifest)
 
     def prefetch(self, version: int, relays: list[str]) -> threading.Thread | None:
         """Download `version` on a background thread, one download at a time; the thread
@@ -136,7 +149,10 @@ class PolicyStore:
             signed = self._downloaded.pop(version)
         target = self.cache_dir / f"v{version}"
         try:
-            lm = load_pretrained(target, dtype=self.dtype, device=self.device)
+            held = self.latest_loaded()
+            lm = (load_weights_like(held.lm, target) if held else None) or load_pretrained(
+                target, dtype=self.dtype, device=self.device
+            )
         except (OSError, ValueError) as exc:
             raise PolicyError(f"policy v{version} does not load: {exc}") from exc
         policy = LoadedPolicy(version, signed.manifest.model_hash, lm)
@@ -144,7 +160,15 @@ class PolicyStore:
             self._loaded[version] = policy
             while len(self._loaded) > self.keep:
                 old, _ = self._loaded.popitem(last=False)
+                self._on_disk.pop(old, None)
                 shutil.rmtree(self.cache_dir / f"v{old}", ignore_errors=True)
+            # Versions downloaded but skipped (a newer one was loaded first) older than every
+            # loaded one are never used: they go too.
+            oldest = min(self._loaded)
+            for skipped in [v for v in self._downloaded if v < oldest]:
+                del self._downloaded[skipped]
+                self._on_disk.pop(skipped, None)
+                shutil.rmtree(self.cache_dir / f"v{skipped}", ignore_errors=True)
         log.info("policy loaded", extra={"fields": {"version": version}})
         return policy
 

@@ -85,9 +85,9 @@ def lease_grant(
 ) -> int:
     """How many of `requested` leases to hand out now.
 
-    `in_flight` counts the pool's groups leased but not yet trained (open leases, awaiting
-    validation, awaiting the trainer). Capping it keeps the trainer fed - about two steps of
-    work waiting - while bounding how stale that work gets before it is trained: leasing
+    `in_flight` counts the pool's groups leased but not yet taken by the trainer (open leases,
+    awaiting validation, awaiting the trainer). Capping it keeps the trainer fed - about a
+    step of work waiting - while bounding how stale that work gets before it is trained: leasing
     more than the trainer can consume within the async bound only produces refusals. `share`
     (from `fair_share`) bounds one worker's open leases so the budget spreads over the pool.
     """

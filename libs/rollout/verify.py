@@ -20,6 +20,7 @@ from prime_swarm.libs.rl.forward import prefill_hidden as prefill_hidden  # the 
 from prime_swarm.libs.rl.logprobs import token_logprobs
 from prime_swarm.libs.rl.reward import LengthReward, RewardParts, score
 from prime_swarm.libs.toploc import (
+    ProofContext,
     VerifyResult,
     group_contexts,
     pooled_mant_err_mean,
@@ -92,6 +93,33 @@ def check_shapes(entry: SubmittedRollout, lm: CausalLM) -> None:
 
 
 # --------------------------------------------------------------------------- evidence
+def check_proofs(
+    groups: Sequence[tuple[SubmittedRollout, LoadedPolicy]],
+    hiddens: Sequence[Sequence[torch.Tensor]],
+    acceptance: Acceptance,
+) -> list[list[VerifyResult]]:
+    """The TOPLOC check of many groups' proofs in one batch (its field arithmetic costs per
+    call, not per chunk), each against the validator's hidden states for that group."""
+    flat_h: list[torch.Tensor] = []
+    flat_p: list[bytes] = []
+    flat_c: list[ProofContext] = []
+    for (entry, policy), group_h in zip(groups, hiddens, strict=True):
+        sub, lease = entry.submission, entry.lease
+        flat_h.extend(group_h)
+        flat_p.extend(c.proof for c in sub.completions)
+        flat_c.extend(
+            group_contexts(
+                policy.model_hash, lease.lease_id, [c.token_ids for c in sub.completions]
+            )
+        )
+    results = verify_proofs_batch(flat_h, flat_p, flat_c, acceptance.thresholds)
+    out, at = [], 0
+    for group_h in hiddens:
+        out.append(results[at : at + len(group_h)])
+        at += len(group_h)
+    return out
+
+
 @dataclass
 class CompletionEvidence:
     proof: VerifyResult
@@ -108,20 +136,18 @@ def measure_group(
     hiddens: Sequence[torch.Tensor],
     acceptance: Acceptance,
     length: LengthReward | None = None,
+    proofs: Sequence[VerifyResult] | None = None,
 ) -> list[CompletionEvidence]:
-    """Recompute everything the verdict rests on, from the validator's own hidden states."""
+    """Recompute everything the verdict rests on, from the validator's own hidden states.
+    `proofs`: the group's proofs already checked (`check_proofs`, batched over many groups)."""
     length = length or LengthReward()
     sub, lease = entry.submission, entry.lease
     # The head in the declared precision too: the worker's logits came from those weights.
     lm = policy.lm.cast(sub.precision)
     env = get_env(lease.env)
     task = env.task_from_id(lease.task_id)
-    contexts = group_contexts(
-        policy.model_hash, lease.lease_id, [c.token_ids for c in sub.completions]
-    )
-    proofs = verify_proofs_batch(
-        list(hiddens), [c.proof for c in sub.completions], contexts, acceptance.thresholds
-    )
+    if proofs is None:
+        proofs = check_proofs([(entry, policy)], [list(hiddens)], acceptance)[0]
     temperature = lease.sampling.temperature
     # The whole group's positions in one head, one noise gather and one softmax: per-completion
     # calls cost more in dispatch than in arithmetic at these sizes.
@@ -219,10 +245,11 @@ def check_completions(
     reward_tolerance: float = 1e-6,
     acceptance: Acceptance | None = None,
     length: LengthReward | None = None,
+    proofs: Sequence[VerifyResult] | None = None,
 ) -> list[VerifiedCompletion]:
     """Measure and judge a group against the limits calibrated for its prover engine."""
     acceptance = acceptance or acceptance_for(entry.submission.backend)
     if acceptance is None:
         raise Refusal("malformed", f"no calibrated limits for backend {entry.submission.backend!r}")
-    evidence = measure_group(entry, policy, hiddens, acceptance, length)
+    evidence = measure_group(entry, policy, hiddens, acceptance, length, proofs)
     return judge_group(entry, policy, evidence, acceptance, reward_tolerance)

@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -19,7 +20,13 @@ import httpx
 from pydantic import ValidationError
 
 from prime_swarm.protocol.manifest_signing import ManifestError, verify_manifest
-from prime_swarm.protocol.messages import RelayVersions, ShardInfo, SignedManifest
+from prime_swarm.protocol.messages import (
+    FileEntry,
+    Manifest,
+    RelayVersions,
+    ShardInfo,
+    SignedManifest,
+)
 
 from . import routes
 from .errors import NotAvailableError, ShardHashError
@@ -241,6 +248,27 @@ class _RegionSink:
         pass
 
 
+@dataclass(frozen=True)
+class HeldFiles:
+    """A version installed earlier, its files verified against its signed manifest. A new
+    version's file with the same name, size and sha256 is linked from here instead of fetched:
+    between RL steps only the weights change, and the config and tokenizer files would cost
+    every client a request per file and version."""
+
+    directory: Path
+    manifest: Manifest
+
+    def source_of(self, f: FileEntry) -> Path | None:
+        for old in self.manifest.files:
+            if (old.name, old.size, old.sha256) == (f.name, f.size, f.sha256):
+                path = self.directory / f.name
+                try:
+                    return path if path.stat().st_size == f.size else None
+                except OSError:
+                    return None
+        return None
+
+
 def download_version(
     relays: Iterable[str] | RelayPool,
     version: VersionSpec,
@@ -257,6 +285,7 @@ def download_version(
     verify_files: bool = False,
     http: httpx.Client | None = None,
     wait_s: float | None = None,
+    held: HeldFiles | None = None,
 ) -> Path:
     """Download, verify and atomically install a policy version as a model directory.
 
@@ -270,6 +299,8 @@ def download_version(
     Every shard is verified against the signed manifest as it arrives and `check_layout` has
     checked that the shards tile each file exactly, so the installed files are exactly the signed
     ones; `verify_files=True` re-hashes whole files on top (a second sha256 pass, for audits).
+    Files the signed manifest shares with `held` (same name, size and sha256) are linked from
+    there rather than fetched.
     Without a caller-supplied `http`, shard bodies use the lean socket path of `rawhttp`.
     """
     if wait_s is None:
@@ -307,6 +338,7 @@ def download_version(
                 timeout_s,
                 wait_s,
                 raw,
+                held,
             )
             if verify_files:
                 _verify_files(signed, staging)
@@ -334,6 +366,7 @@ def _download_into(
     timeout_s: float,
     wait_s: float,
     raw: RawHttp | None,
+    held: HeldFiles | None = None,
 ) -> None:
     m = signed.manifest
     total = sum(f.size for f in m.files)
@@ -350,11 +383,15 @@ def _download_into(
 
     fds: dict[str, int] = {}
     try:
+        tasks = []
         for f in m.files:
+            if _link_held(held, f, staging):
+                done += f.size
+                continue
             fd = os.open(staging / f.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             fds[f.name] = fd
             os.ftruncate(fd, f.size)  # sparse: shards may land in any order
-        tasks = [ShardTask(f, s) for f in m.files for s in f.shards]
+            tasks.extend(ShardTask(f, s) for s in f.shards)
         fetch_all(
             http,
             pool,
@@ -374,6 +411,23 @@ def _download_into(
             os.close(fd)
     if progress is not None and total == 0:
         progress(0, 0)
+
+
+def _link_held(held: HeldFiles | None, f: FileEntry, staging: Path) -> bool:
+    """Install `f` from the held version (a hard link, a copy across file systems); False
+    when it must be fetched, also when the held copy vanished meanwhile (evicted)."""
+    source = held.source_of(f) if held is not None else None
+    if source is None:
+        return False
+    try:
+        try:
+            os.link(source, staging / f.name)
+        except OSError:
+            shutil.copyfile(source, staging / f.name)
+    except OSError:
+        (staging / f.name).unlink(missing_ok=True)
+        return False
+    return True
 
 
 def _verify_files(signed: SignedManifest, staging: Path) -> None:

@@ -26,12 +26,13 @@ class Entry(Generic[M]):
     error: str | None = None  # set when the entry could not be decoded
 
 
-def group_backlog(groups_info: list[dict], group: str) -> int:
-    """From XINFO GROUPS: entries not yet delivered to `group` plus those awaiting XACK."""
+def group_backlog(groups_info: list[dict], group: str, pending: bool = True) -> int:
+    """From XINFO GROUPS: entries not yet delivered to `group`, plus (`pending`) those
+    delivered and awaiting XACK."""
     for g in groups_info:
         name = g.get("name")
         if (name.decode() if isinstance(name, bytes) else name) == group:
-            return int(g.get("lag") or 0) + int(g.get("pending") or 0)
+            return int(g.get("lag") or 0) + (int(g.get("pending") or 0) if pending else 0)
     return 0
 
 

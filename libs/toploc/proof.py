@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from . import gf
-from .batching import Run, runs_for, slabs
+from .batching import Run, Slab, runs_for, slabs
 from .bits import ChunkLayout, select_topk
 from .codec import ChunkRun, Header, ProofFormatError, decode, encode
 from .context import DIGEST_BYTES, ProofContext, chunk_keys, key_base, value_mask
@@ -100,19 +100,47 @@ def build_proofs_batch(
     flat_records = [rec for item_records in records for rec in item_records]
     base_arr = np.array(bases, dtype=np.uint64)
 
+    # Top-k selection needs rows of one length (a slab); the field arithmetic only needs one k,
+    # so it runs once over every slab that shares it: its cost is mostly per call (k vector
+    # steps), and completions of many lengths would otherwise pay it once per length.
+    picked = []
     for slab in slabs(runs):
         idx, ys = select_topk(slab.rows, slab.k)
         moduli = find_moduli(idx)
         xs = idx % moduli[:, None]
         keys = chunk_keys(base_arr[slab.items], slab.chunks)
-        coeffs = gf.interpolate(xs, (ys + value_mask(keys, xs)) % gf.P)
-        for run_id in np.unique(slab.extras["run"]):
-            sel = slab.extras["run"] == run_id
-            rec = flat_records[int(run_id)]
-            rec.moduli[slab.extras["row"][sel]] = moduli[sel]
-            rec.coeffs[slab.extras["row"][sel]] = coeffs[sel]
+        picked.append((slab, moduli, xs, (ys + value_mask(keys, xs)) % gf.P))
+    for same_k in _by_k(picked):
+        coeffs_all = gf.interpolate(
+            np.concatenate([xs for _, _, xs, _ in same_k]),
+            np.concatenate([ys for _, _, _, ys in same_k]),
+        )
+        at = 0
+        for slab, moduli, xs, _ in same_k:
+            coeffs, at = coeffs_all[at : at + len(xs)], at + len(xs)
+            _scatter(slab, moduli, coeffs, flat_records)
 
     return [encode(header, recs) for header, recs in zip(headers, records, strict=True)]
+
+
+def _by_k(picked: list[tuple]) -> list[list[tuple]]:
+    """(slab, ...) entries grouped by the slab's k."""
+    groups: dict[int, list[tuple]] = {}
+    for entry in picked:
+        groups.setdefault(entry[0].k, []).append(entry)
+    return list(groups.values())
+
+
+def _scatter(
+    slab: Slab, moduli: np.ndarray, coeffs: np.ndarray, flat_records: list[ChunkRun]
+) -> None:
+    """A slab's moduli and coefficients into the records of the runs its rows came from."""
+    extras = slab.extras
+    for run_id in np.unique(extras["run"]):
+        sel = extras["run"] == run_id
+        rec = flat_records[int(run_id)]
+        rec.moduli[extras["row"][sel]] = moduli[sel]
+        rec.coeffs[extras["row"][sel]] = coeffs[sel]
 
 
 def build_proof(
@@ -186,14 +214,23 @@ def verify_proofs_batch(
             run.extras = {"moduli": rec.moduli, "coeffs": rec.coeffs}
             runs.append(run)
 
+    picked = []
     for slab in slabs(runs):
         idx, mine = select_topk(slab.rows, slab.k)
         xs = idx % slab.extras["moduli"][:, None]
-        keys = chunk_keys(bases[slab.items], slab.chunks)
-        theirs = (gf.evaluate(slab.extras["coeffs"], xs) - value_mask(keys, xs)) % gf.P
-        chunk_stats = compare_rows(mine, theirs)
-        for item, chunk, st in zip(slab.items, slab.chunks, chunk_stats, strict=True):
-            stats[int(item)][int(chunk)] = st
+        picked.append((slab, mine, xs, chunk_keys(bases[slab.items], slab.chunks)))
+    for same_k in _by_k(picked):  # one evaluation per k, as in build_proofs_batch
+        values = gf.evaluate(
+            np.concatenate([slab.extras["coeffs"] for slab, _, _, _ in same_k]),
+            np.concatenate([xs for _, _, xs, _ in same_k]),
+        )
+        at = 0
+        for slab, mine, xs, keys in same_k:
+            theirs = (values[at : at + len(xs)] - value_mask(keys, xs)) % gf.P
+            at += len(xs)
+            chunk_stats = compare_rows(mine, theirs)
+            for item, chunk, st in zip(slab.items, slab.chunks, chunk_stats, strict=True):
+                stats[int(item)][int(chunk)] = st
 
     for item, chunk_stats in stats.items():
         done = [st for st in chunk_stats if st is not None]

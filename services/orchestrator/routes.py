@@ -157,14 +157,16 @@ async def lease(body: LeaseRequest, signer: Signer, pool: PoolDep) -> LeaseReply
 
 
 async def in_flight_groups(pool: Pool) -> int:
-    """Groups leased but not yet consumed by the trainer."""
+    """Groups leased but not yet taken by the trainer. The batch the trainer is stepping on
+    stays pending until its checkpoint is saved, but it can no longer age: counting it would
+    hold a step's worth of the budget idle through every step and persist."""
     waiting = 0
-    for stream, group in (
-        (streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP),
-        (streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP),
+    for stream, group, pending in (
+        (streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, True),
+        (streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP, False),
     ):
         try:
-            waiting += group_backlog(await pool.redis.xinfo_groups(stream), group)
+            waiting += group_backlog(await pool.redis.xinfo_groups(stream), group, pending)
         except NoPermissionError:
             raise
         except ResponseError:  # stream not created yet: nothing waits

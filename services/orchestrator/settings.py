@@ -93,9 +93,10 @@ class OrchestratorSettings(BaseSettings):
     max_in_flight_groups: int = Field(
         64,
         ge=1,
-        description="Groups leased but not yet trained, pool-wide (open leases, awaiting "
-        "validation, awaiting the trainer): about two trainer steps keeps the trainer busy "
-        "without leasing work that turns stale before it is trained.",
+        description="Groups leased but not yet taken by the trainer, pool-wide (open leases, "
+        "awaiting validation, awaiting the trainer; the batch it is stepping on no longer "
+        "counts): about one trainer step keeps the trainer busy without leasing work that "
+        "turns stale before it is trained.",
     )
     max_clock_skew_s: float = Field(30.0, gt=0, description="Signed-request timestamp window.")
     rate_limits: RouteRates = Field(

@@ -16,6 +16,7 @@ from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.policy.store import LoadedPolicy, PolicyError, PolicyStore
 from prime_swarm.libs.rollout import verify
 from prime_swarm.libs.rollout.admission import Refusal, check_admission
+from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
@@ -140,6 +141,11 @@ class Validator:
                 log.exception("batched prefill failed; falling back to one at a time")
                 outputs = None
             metrics.PREFILL_SECONDS.observe(time.monotonic() - t0)
+            try:
+                proofs = self._check_proofs(items, outputs)
+            except Exception:  # as with the prefill: never let one group sink the batch
+                log.exception("batched proof check failed; checking group by group")
+                proofs = {}
             at = 0
             for entry_id, msg, _ in items:
                 n = len(msg.submission.completions)
@@ -154,6 +160,7 @@ class Validator:
                         mine,
                         self.s.reward_tolerance,
                         length=self.s.recipe.length_reward,
+                        proofs=proofs.get(entry_id),
                     )
                 except Refusal as rej:
                     verdicts.append((entry_id, msg, self._verdict(msg, rej), None))
@@ -172,6 +179,33 @@ class Validator:
         versions = [m.submission.policy_version for _, m, _, _ in verdicts]
         if versions and current >= 0:
             metrics.VERSION_LAG.set(current - sum(versions) / len(versions))
+
+    @staticmethod
+    def _check_proofs(
+        items: list[tuple[str, SubmittedRollout, LoadedPolicy]], outputs: list | None
+    ) -> dict[str, list]:
+        """Every group's TOPLOC check in one batch per prover engine's limits, by entry id;
+        empty when the batched prefill failed (each group is then checked on its own)."""
+        if outputs is None:
+            return {}
+        by_limits: dict[str, list[tuple[str, SubmittedRollout, LoadedPolicy, list]]] = defaultdict(
+            list
+        )
+        at = 0
+        for entry_id, msg, policy in items:
+            n = len(msg.submission.completions)
+            by_limits[msg.submission.backend].append((entry_id, msg, policy, outputs[at : at + n]))
+            at += n
+        checked: dict[str, list] = {}
+        for backend, group in by_limits.items():
+            acceptance = acceptance_for(backend)
+            if acceptance is None:
+                continue  # check_completions refuses it with the reason
+            results = verify.check_proofs(
+                [(msg, policy) for _, msg, policy, _ in group], [h for *_, h in group], acceptance
+            )
+            checked.update(zip([e for e, *_ in group], results, strict=True))
+        return checked
 
     def _verdict(
         self,

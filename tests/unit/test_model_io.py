@@ -16,6 +16,7 @@ from prime_swarm.libs.model.causal_lm import PRECISIONS, CausalLM
 from prime_swarm.libs.model.io import (
     ModelDirError,
     load_pretrained,
+    load_weights_like,
     save_pretrained,
     weights_sha256,
 )
@@ -153,3 +154,44 @@ def test_vllm_that_cannot_import_is_one_clear_error(monkeypatch: pytest.MonkeyPa
     monkeypatch.setitem(sys.modules, "vllm", None)  # what a broken or missing install looks like
     with pytest.raises(VLLMBackendError, match="make setup"):
         import_vllm()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_new_version_loads_into_a_copy_of_the_held_one(
+    model_dir: Path, tmp_path: Path, precision: str
+) -> None:
+    dtype = PRECISIONS[precision]
+    # Versions as the trainer writes them: each saved from the loaded model and tokenizer.
+    first = load_pretrained(model_dir)
+    held = load_pretrained(save_pretrained(first, first.tokenizer, tmp_path / "v1"), dtype=dtype)
+    moved = load_pretrained(model_dir)
+    with torch.no_grad():
+        for p in moved.module.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    new_dir = save_pretrained(moved, moved.tokenizer, tmp_path / "v2")
+    fast = load_weights_like(held, new_dir)
+    slow = load_pretrained(new_dir, dtype=dtype)
+    assert fast is not None and fast.source == new_dir.resolve() and fast.dtype == dtype
+    a, b = fast.module.state_dict(), slow.module.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # The held version is untouched: it may still be generating or verifying.
+    assert not torch.equal(held.module.lm_head.weight, fast.module.lm_head.weight)
+    ids = _ids(slow)
+    assert torch.equal(fast.final_hidden(ids), slow.final_hidden(ids))
+
+
+def test_a_version_with_other_files_takes_the_full_load(model_dir: Path, tmp_path: Path) -> None:
+    held = load_pretrained(model_dir)
+    # A re-saved tokenizer serializes differently from the built one: not the same files.
+    assert load_weights_like(held, save_pretrained(held, held.tokenizer, tmp_path / "a")) is None
+    other = tmp_path / "other"
+    shutil.copytree(model_dir, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["rms_norm_eps"] = 1e-5
+    (other / "config.json").write_text(json.dumps(cfg))
+    assert load_weights_like(held, other) is None
+    bigger = build_tiny_model(7, tmp_path / "bigger", hidden_size=64, intermediate_size=128)
+    for f in model_dir.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, bigger / f.name)  # the same files, other shapes in the weights
+    assert load_weights_like(held, bigger) is None

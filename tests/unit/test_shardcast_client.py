@@ -16,6 +16,7 @@ from prime_swarm.libs.shardcast import (
     download_version,
     routes,
 )
+from prime_swarm.libs.shardcast.client import HeldFiles
 from prime_swarm.libs.shardcast.manifest import iter_shard_bytes
 from prime_swarm.protocol.manifest_signing import sign_manifest
 from prime_swarm.protocol.messages import RelayVersions, SignedManifest
@@ -99,3 +100,36 @@ def test_progress_and_overwrite(tmp_path: Path, published) -> None:
         _download(tmp_path, published, {"good": "good"})
     out, _ = _download(tmp_path, published, {"good": "good"}, overwrite=True)
     assert (out / "config.json").read_text() == "{}"
+
+
+def test_files_unchanged_since_a_held_version_are_linked_not_fetched(
+    tmp_path: Path, published
+) -> None:
+    model, signed = published
+    held_dir = tmp_path / "v4"
+    held_dir.mkdir()
+    (held_dir / "config.json").write_text("{}")  # same bytes as v5's: linked
+    (held_dir / "model.safetensors").write_bytes(os.urandom(70_000))  # other weights: fetched
+    held = HeldFiles(held_dir, build_manifest(held_dir, 4, 3, 16_384, TRAINER.address))
+    asked: list[str] = []
+    transport = _transport(model, signed, {"good": "good"})
+
+    def counting(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        return transport.handle_request(request)
+
+    http = httpx.Client(transport=httpx.MockTransport(counting))
+    out = download_version(
+        RelayPool(["http://good"]), 5, tmp_path / "out", TRAINER.address, http=http, held=held
+    )
+    for f in model.iterdir():
+        assert (out / f.name).read_bytes() == f.read_bytes()
+    assert not [a for a in asked if "config.json" in a]
+    assert [a for a in asked if "model.safetensors" in a]
+    # A held copy that vanished meanwhile (its version evicted) is fetched instead.
+    (held_dir / "config.json").unlink()
+    asked.clear()
+    download_version(
+        RelayPool(["http://good"]), 5, tmp_path / "again", TRAINER.address, http=http, held=held
+    )
+    assert [a for a in asked if "config.json" in a]

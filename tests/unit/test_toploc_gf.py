@@ -55,3 +55,27 @@ def test_modulus_search_separates_colliding_indices() -> None:
         # Largest such m: every candidate above it collides.
         for above in range(int(m) + 1, gf.P + 1):
             assert len(set((row % above).tolist())) < 128
+
+
+def test_float_reduction_is_exact_at_multiples_of_p_and_at_the_bound() -> None:
+    # The float64 loops take values mod P by a multiply and a floor: exact multiples (where a
+    # rounded quotient would land one below) and the largest intermediates must come out exact.
+    ints = np.array(
+        [0, 1, gf.P - 1, gf.P, gf.P + 1, 2 * gf.P, gf.P * gf.P, 2 * gf.P * (gf.P - 1), 2**40 - 1]
+        + [q * gf.P + r for q in (12345, 65496, 2**23) for r in (0, 1, gf.P - 1)],
+        dtype=np.int64,
+    )
+    assert np.array_equal(gf._reduce(ints.astype(np.float64)).astype(np.int64), ints % gf.P)
+
+
+def test_extreme_points_interpolate_exactly() -> None:
+    # The largest field elements everywhere: every product and difference at its maximum.
+    xs = np.arange(gf.P - 128, gf.P, dtype=np.int64)[None, :]
+    ys = np.full((1, 128), gf.P - 1, dtype=np.int64)
+    coeffs = gf.interpolate(xs, ys)
+    assert np.array_equal(gf.evaluate(coeffs, xs), ys)
+    want = [
+        sum(int(c) * pow(int(x), j, gf.P) for j, c in enumerate(coeffs[0])) % gf.P
+        for x in xs[0, :5]
+    ]
+    assert gf.evaluate(coeffs, xs[:, :5])[0].tolist() == want
