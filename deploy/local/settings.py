@@ -10,7 +10,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from prime_swarm.libs.rl.defaults import RL, WARM_START
 from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.protocol.messages import BackendName
-from prime_swarm.services.worker.settings import WorkerSettings
 
 
 class LocalNetworkSettings(BaseSettings):
@@ -21,11 +20,12 @@ class LocalNetworkSettings(BaseSettings):
     model_seed: int = Field(0, description="Seed of the tiny model and its warm start.")
     warm_start_steps: int = Field(WARM_START.steps, description="SFT steps of the warm start.")
     workers: int = Field(
-        2,
+        1,
         ge=1,
-        description="Worker processes. Two on 2 cores: a third adds a process's per-version "
-        "work (fetch, load, heartbeats) without adding cores (bench/trainer_bench.py: 1.15x "
-        "the trained completions per second of three).",
+        description="Worker processes. One on a 2-core machine: each more adds its per-version "
+        "work (fetch, load, heartbeats) and smaller batches without adding cores "
+        "(bench/trainer_bench.py: 1.1x the trained completions per second of two, 1.3x of "
+        "three); raise it where cores are spare.",
     )
     worker_backends: list[BackendName] = Field(
         ["hf"],
@@ -34,10 +34,11 @@ class LocalNetworkSettings(BaseSettings):
         'runs all of them on vLLM, ["hf", "vllm"] alternates.',
     )
     lease_batch: int = Field(
-        WorkerSettings.model_fields["lease_batch"].default,
+        RL.prompts_per_step,
         ge=1,
         le=64,
-        description="Leases each worker requests and generates at once.",
+        description="Leases each worker requests and generates at once: a step's groups in "
+        "one batch (a tiny model's decode costs per forward, not per row).",
     )
     steps: int = Field(RL.steps, ge=1, description="Trainer steps before the run ends.")
     groups_per_step: int = Field(RL.prompts_per_step, ge=1, description="Groups per step.")

@@ -13,7 +13,8 @@ SUBMISSIONS = Counter("orchestrator_submissions_total", "Submissions admitted to
 WORKERS_SEEN = Gauge("orchestrator_workers_registered", "Workers registered with this pool")
 POLICY_VERSION = Gauge("orchestrator_policy_version", "Latest announced policy version")
 IN_FLIGHT = Gauge(
-    "orchestrator_in_flight_groups", "Groups leased but not yet taken by the trainer (lease admission input)"
+    "orchestrator_in_flight_groups",
+    "Groups leased but not yet taken by the trainer (lease admission input)",
 )
 WORKERS_EJECTED = Counter(
     "orchestrator_workers_ejected_total", "Silent workers ejected on chain with the owner's key"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 from collections import defaultdict
 
@@ -284,7 +285,7 @@ class Validator:
             pipe.xack(streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, entry_id)
         pipe.execute()
 
-    def run_once(self, block_ms: int = 1000) -> int:
+    def run_once(self, block_ms: int = 1000, flush: bool = True) -> int:
         # The newest announced version downloads in the background while older work is
         # checked, so its first submissions do not wait for the transfer.
         announced = self.current_version()
@@ -293,16 +294,37 @@ class Validator:
         entries = self.reader.read(self.s.batch_size, block_ms=block_ms)
         if entries:
             self.validate_batch(entries)
-        if self.queue.due():
+        if flush and self.queue.due():
             self.queue.flush()
         metrics.QUEUE_DEPTH.set(self.reader.lag())
         metrics.CHAIN_QUEUE.set(self.queue.pending())
         return len(entries)
 
-    def run(self, stop: object | None = None) -> None:
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Validate until `stop`; attestations go on chain from a thread of their own, since
+        each transaction waits for its receipt and the verdicts the trainer waits for must
+        not wait behind it. Verdicts and chain actions meet only in Redis (the queue)."""
         log.info("validating", extra={"fields": {"pool": self.s.pool_id}})
-        while stop is None or not stop.is_set():  # type: ignore[attr-defined]
-            self.run_once()
+        stop = stop or threading.Event()
+        done = threading.Event()
+        flusher = threading.Thread(
+            target=self._flush_loop, args=(done,), name="chain-flush", daemon=True
+        )
+        flusher.start()
+        try:
+            while not stop.is_set():
+                self.run_once(flush=False)
+        finally:
+            done.set()
+            flusher.join()
+
+    def _flush_loop(self, done: threading.Event) -> None:
+        while not done.wait(0.05):
+            try:
+                if self.queue.due():
+                    self.queue.flush()
+            except Exception:  # a Redis or chain hiccup: the queue keeps it for the next try
+                log.exception("chain flush failed")
 
     def drain_chain_queue(self) -> None:
         while self.queue.pending():
