@@ -28,6 +28,7 @@ from prime_swarm.libs.rl.distributed import (
 )
 from prime_swarm.libs.rl.grpo import Rollout, make_optimizer, make_scheduler
 from prime_swarm.libs.rollout.admission import is_fresh
+from prime_swarm.libs.shardcast.client import make_http_client
 from prime_swarm.libs.shardcast.publish import publish_version
 from prime_swarm.libs.shardcast.routes import manifest_path
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
@@ -71,6 +72,8 @@ class Trainer:
         self._backlog: list[Entry[VerifiedRollout]] = self._own_pending()
         latest = self._latest_announcement()
         self._last_published: int | None = latest.version if latest else None
+        # One keep-alive client for every upload: a version a step, each a handful of requests.
+        self._origin_http = make_http_client(settings.http_timeout_s)
         if latest is None or latest.version < self.step:
             self.publish(self.step)  # a fresh start, or a crash between saving and announcing
         self.persister = Persister(self.r, self._save, self.publish, start_version=self.step)
@@ -136,6 +139,7 @@ class Trainer:
             account=self.account,
             shard_size=self.s.shard_size,
             timeout=self.s.http_timeout_s,
+            http=self._origin_http,
         )
         ann = PolicyAnnouncement(
             version=version,
@@ -321,4 +325,5 @@ class Trainer:
         finally:
             # Whatever ends the loop, what was trained is saved, acknowledged and published.
             self.persister.drain()
+            self._origin_http.close()
         log.info("reached max_steps", extra={"fields": {"step": self.step}})
