@@ -159,11 +159,13 @@ async def lease(body: LeaseRequest, signer: Signer, pool: PoolDep) -> LeaseReply
 async def in_flight_groups(pool: Pool) -> int:
     """Groups leased but not yet taken by the trainer. The batch the trainer is stepping on
     stays pending until its checkpoint is saved, but it can no longer age: counting it would
-    hold a step's worth of the budget idle through every step and persist."""
+    hold a step's worth of the budget idle through every step and persist. Without asynchrony
+    it does count: work leased during a step is stale before it can be trained."""
     waiting = 0
+    synchronous = pool.settings.recipe.async_level == 0
     for stream, group, pending in (
         (streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, True),
-        (streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP, False),
+        (streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP, synchronous),
     ):
         try:
             waiting += group_backlog(await pool.redis.xinfo_groups(stream), group, pending)
