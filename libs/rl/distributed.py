@@ -96,9 +96,18 @@ def init_distributed(timeout_s: float = 600.0, init_method: str | None = None) -
     return DistContext(dist.get_rank(), dist.get_world_size(), device, distributed=True)
 
 
-def close_distributed(ctx: DistContext) -> None:
+def close_distributed(ctx: DistContext, finished: bool = False) -> None:
+    """Leave the process group. `finished`: every rank ends its run normally, so they first
+    meet at a barrier: a rank that destroys its group while a peer still talks to it leaves
+    gloo's threads to abort the peer at exit ("terminate called without an active exception",
+    one 2-rank CPU run in three). Never after a failure: the peers may be stuck in another
+    collective, and the barrier would wait for them until the group's timeout."""
     if ctx.distributed and dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            if finished:
+                dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 def broadcast_batch(obj: T, ctx: DistContext) -> T:

@@ -30,11 +30,13 @@ def main(argv: list[str] | None = None) -> None:
 
     # Under torchrun every rank runs this; rank 0 is the trainer, the others its FSDP2 peers.
     ctx = init_distributed(init_method=settings.dist_init_method)
+    finished = False
     if not ctx.is_main:
         try:
             follow(settings, ctx)
+            finished = True
         finally:
-            close_distributed(ctx)
+            close_distributed(ctx, finished)
         return
     trainer = Trainer(settings, load_or_create_key(settings.key_file), ctx)
     if settings.metrics_port:
@@ -45,10 +47,11 @@ def main(argv: list[str] | None = None) -> None:
         )
     try:
         trainer.run()
+        finished = True
     except KeyboardInterrupt:
         log.info("interrupted")
     finally:
-        close_distributed(ctx)
+        close_distributed(ctx, finished)
 
 
 if __name__ == "__main__":

@@ -186,7 +186,7 @@ def main() -> None:
         name: variant(ctx, batch, GRPOConfig(micro_batch_tokens=budget, packing=packing))
         for name, packing, budget in (("padded", False, 40), ("packed", True, 30))
     }
-    close_distributed(ctx)
+    close_distributed(ctx, finished=True)
     if ctx.is_main:
         print(json.dumps(result))
 

@@ -112,7 +112,8 @@ def test_each_role_does_its_job_with_the_services_code(acl_redis: SimpleNamespac
             assert await r.hexists(WORKERS, worker) and await r.hlen(WORKERS) == 1
             await r.xadd(streams.ROLLOUTS_SUBMITTED, FAKE)
             await r.xadd(streams.ROLLOUTS_SUBMITTED, FAKE)
-            assert await in_flight_groups(SimpleNamespace(redis=r, leases=leases)) == 0
+            pool = SimpleNamespace(redis=r, leases=leases, settings=settings)
+            assert await in_flight_groups(pool) == 0
             assert await r.xlen(streams.ROLLOUTS_SUBMITTED) == 2
         finally:
             await r.aclose()
