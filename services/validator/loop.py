@@ -19,6 +19,7 @@ from prime_swarm.libs.rollout import verify
 from prime_swarm.libs.rollout.admission import Refusal, check_admission
 from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
+from prime_swarm.libs.toploc import VerifyResult
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
     PolicyAnnouncement,
@@ -183,21 +184,22 @@ class Validator:
 
     @staticmethod
     def _check_proofs(
-        items: list[tuple[str, SubmittedRollout, LoadedPolicy]], outputs: list | None
-    ) -> dict[str, list]:
+        items: list[tuple[str, SubmittedRollout, LoadedPolicy]],
+        outputs: list[torch.Tensor] | None,
+    ) -> dict[str, list[VerifyResult]]:
         """Every group's TOPLOC check in one batch per prover engine's limits, by entry id;
         empty when the batched prefill failed (each group is then checked on its own)."""
         if outputs is None:
             return {}
-        by_limits: dict[str, list[tuple[str, SubmittedRollout, LoadedPolicy, list]]] = defaultdict(
-            list
-        )
+        by_limits: dict[
+            str, list[tuple[str, SubmittedRollout, LoadedPolicy, list[torch.Tensor]]]
+        ] = defaultdict(list)
         at = 0
         for entry_id, msg, policy in items:
             n = len(msg.submission.completions)
             by_limits[msg.submission.backend].append((entry_id, msg, policy, outputs[at : at + n]))
             at += n
-        checked: dict[str, list] = {}
+        checked: dict[str, list[VerifyResult]] = {}
         for backend, group in by_limits.items():
             acceptance = acceptance_for(backend)
             if acceptance is None:
