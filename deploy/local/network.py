@@ -134,10 +134,6 @@ class LocalNetwork:
                 str(self.run_dir / "relay"),
                 "--parent",
                 t.origin_url,
-                # Workers and the validator also fetch from the origin (`sources`), so the relay
-                # need not race each version; it still carries the tree's traffic.
-                "--poll-interval-s",
-                "0.25",
                 "--trainer",
                 trainer.address,
                 "--keep-versions",

@@ -126,9 +126,9 @@ class Worker:
             fetching = store.prefetch(info.version, info.relays)
             if fetching is not None:
                 fetching.join(SWITCH_WAIT_S)
-        if not store.is_downloaded(info.version):
+        if not store.is_downloaded(info.version) and held.version >= info.min_version:
             return held
-        return self._current_policy() or held
+        return self._current_policy() or held  # loads it, or waits for it if `held` is stale
 
     def run(self) -> None:
         client = OrchestratorClient(
