@@ -12,6 +12,7 @@ of a GRPO step on the GPU and its FSDP2 variant (`fully_shard`, one rank). Print
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
 from pathlib import Path
@@ -53,9 +54,10 @@ def _pct(xs: list[float], q: float) -> float:
 def honest_noise(
     cpu_lm: CausalLM, groups: int, batch: int = 8, worker: str = "cuda", validator: str = "cpu"
 ) -> dict[str, object]:
-    gpu_lm = CausalLM(load_like(cpu_lm).to(worker), cpu_lm.tokenizer)
+    # Each side its own copy of the same weights, on its own device.
+    gpu_lm = CausalLM(copy.deepcopy(cpu_lm.module).to(worker), cpu_lm.tokenizer)
     if validator != "cpu":
-        cpu_lm = CausalLM(load_like(cpu_lm).to(validator), cpu_lm.tokenizer)
+        cpu_lm = CausalLM(copy.deepcopy(cpu_lm.module).to(validator), cpu_lm.tokenizer)
     env = get_env("reverse")
     acc = acceptance_for("hf")
     assert acc is not None
@@ -103,12 +105,6 @@ def honest_noise(
         "rejected_at_limits": sum(p > acc.max_group_mant_err_mean for p in pools)
         + sum(g > acc.replay_tolerance for g in gaps),
     }
-
-
-def load_like(lm: CausalLM) -> torch.nn.Module:
-    import copy
-
-    return copy.deepcopy(lm.module)
 
 
 def step_timing(arch: dict[str, int], fsdp: bool, steps: int = 5) -> dict[str, float]:

@@ -20,7 +20,7 @@ from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.io import load_pretrained, load_weights_like
 from prime_swarm.libs.shardcast.client import HeldFiles, download_version, fetch_manifest
 from prime_swarm.libs.shardcast.relays import RelayPool
-from prime_swarm.protocol.messages import SignedManifest
+from prime_swarm.protocol.messages import Manifest, SignedManifest
 
 log = logging.getLogger("policy")
 
@@ -32,6 +32,8 @@ class LoadedPolicy:
     version: int
     model_hash: str
     lm: CausalLM
+    manifest: Manifest | None = None
+    """The signed manifest its files were verified against (None when not downloaded)."""
 
 
 class PolicyError(RuntimeError):
@@ -53,7 +55,6 @@ class PolicyStore:
         self.dtype, self.device = dtype, device
         self._loaded: OrderedDict[int, LoadedPolicy] = OrderedDict()
         self._downloaded: dict[int, SignedManifest] = {}  # verified on disk, not yet loaded
-        self._on_disk: dict[int, SignedManifest] = {}  # every verified version in cache_dir
         self._lock = threading.Lock()
         self._relays: RelayPool | None = None
         self._fetching: threading.Thread | None = None
@@ -96,17 +97,18 @@ class PolicyStore:
             raise PolicyError(f"could not fetch policy v{version}: {exc}") from exc
         with self._lock:
             self._downloaded[version] = signed
-            self._on_disk[version] = signed
 
     def _held_files(self, version: int) -> HeldFiles | None:
         """The newest version on disk before `version`: its unchanged files are linked, not
         fetched again."""
         with self._lock:
-            older = [v for v in self._on_disk if v < version]
-            if not older:
-                return None
-            v = max(older)
-            return HeldFiles(self.cache_dir / f"v{v}", self._on_disk[v].manifest)
+            on_disk = {v: s.manifest for v, s in self._downloaded.items()} | {
+                v: p.manifest for v, p in self._loaded.items() if p.manifest is not None
+            }
+        older = [v for v in on_disk if v < version]
+        if not older:
+            return None
+        return HeldFiles(self.cache_dir / f"v{max(older)}", on_disk[max(older)])
 
     def prefetch(self, version: int, relays: list[str]) -> threading.Thread | None:
         """Download `version` on a background thread, one download at a time; the thread
@@ -155,19 +157,17 @@ class PolicyStore:
             )
         except (OSError, ValueError) as exc:
             raise PolicyError(f"policy v{version} does not load: {exc}") from exc
-        policy = LoadedPolicy(version, signed.manifest.model_hash, lm)
+        policy = LoadedPolicy(version, signed.manifest.model_hash, lm, signed.manifest)
         with self._lock:
             self._loaded[version] = policy
             while len(self._loaded) > self.keep:
                 old, _ = self._loaded.popitem(last=False)
-                self._on_disk.pop(old, None)
                 shutil.rmtree(self.cache_dir / f"v{old}", ignore_errors=True)
             # Versions downloaded but skipped (a newer one was loaded first) older than every
             # loaded one are never used: they go too.
             oldest = min(self._loaded)
             for skipped in [v for v in self._downloaded if v < oldest]:
                 del self._downloaded[skipped]
-                self._on_disk.pop(skipped, None)
                 shutil.rmtree(self.cache_dir / f"v{skipped}", ignore_errors=True)
         log.info("policy loaded", extra={"fields": {"version": version}})
         return policy

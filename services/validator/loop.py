@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections import defaultdict
+from itertools import accumulate
 
 import redis
 import torch
@@ -131,31 +132,31 @@ class Validator:
         for (_, precision), items in survivors.items():
             # One padded prefill per policy version for the whole batch: the expensive part.
             policy = items[0][2]
-            seqs = [
-                (m.submission.prompt_token_ids, c.token_ids)
+            pairs = [
+                [(m.submission.prompt_token_ids, c.token_ids) for c in m.submission.completions]
                 for _, m, _ in items
-                for c in m.submission.completions
             ]
             t0 = time.monotonic()
             try:
-                outputs: list | None = verify.prefill_hidden(policy.lm, seqs, precision)
+                outputs = verify.prefill_hidden(policy.lm, [q for g in pairs for q in g], precision)
+                # Each group's own rows of that one prefill.
+                ends = list(accumulate(len(g) for g in pairs))
+                hiddens: list[list[torch.Tensor] | None] = [
+                    outputs[end - len(g) : end] for g, end in zip(pairs, ends, strict=True)
+                ]
             except Exception:  # never let one submission sink the batch: retry one by one
                 log.exception("batched prefill failed; falling back to one at a time")
-                outputs = None
+                hiddens = [None] * len(items)
             metrics.PREFILL_SECONDS.observe(time.monotonic() - t0)
             try:
-                proofs = self._check_proofs(items, outputs)
+                proofs = self._check_proofs(items, hiddens)
             except Exception:  # as with the prefill: never let one group sink the batch
                 log.exception("batched proof check failed; checking group by group")
                 proofs = {}
-            at = 0
-            for entry_id, msg, _ in items:
-                n = len(msg.submission.completions)
+            for (entry_id, msg, _), group, mine in zip(items, pairs, hiddens, strict=True):
                 try:
-                    if outputs is None:
-                        mine = verify.prefill_hidden(policy.lm, seqs[at : at + n], precision)
-                    else:
-                        mine = outputs[at : at + n]
+                    if mine is None:
+                        mine = verify.prefill_hidden(policy.lm, group, precision)
                     completions = verify.check_completions(
                         msg,
                         policy,
@@ -172,8 +173,6 @@ class Validator:
                     rej = Refusal("malformed", f"{type(exc).__name__}: {exc}"[:300])
                     verdicts.append((entry_id, msg, self._verdict(msg, rej), None))
                     continue
-                finally:
-                    at += n
                 verdict = self._verdict(msg, None, completions)
                 verdicts.append((entry_id, msg, verdict, self._verified(msg, verdict, completions)))
         self._commit(verdicts, undecodable)
@@ -185,22 +184,18 @@ class Validator:
     @staticmethod
     def _check_proofs(
         items: list[tuple[str, SubmittedRollout, LoadedPolicy]],
-        outputs: list[torch.Tensor] | None,
+        hiddens: list[list[torch.Tensor] | None],
     ) -> dict[str, list[VerifyResult]]:
-        """Every group's TOPLOC check in one batch per prover engine's limits, by entry id;
-        empty when the batched prefill failed (each group is then checked on its own)."""
-        if outputs is None:
-            return {}
-        by_limits: dict[
-            str, list[tuple[str, SubmittedRollout, LoadedPolicy, list[torch.Tensor]]]
-        ] = defaultdict(list)
-        at = 0
-        for entry_id, msg, policy in items:
-            n = len(msg.submission.completions)
-            by_limits[msg.submission.backend].append((entry_id, msg, policy, outputs[at : at + n]))
-            at += n
+        """Every prefilled group's TOPLOC check in one batch per prover engine's limits, by
+        entry id; a group left out is checked on its own by `check_completions`."""
+        by_backend: dict[str, list[tuple[str, SubmittedRollout, LoadedPolicy, list]]] = defaultdict(
+            list
+        )
+        for (entry_id, msg, policy), mine in zip(items, hiddens, strict=True):
+            if mine is not None:
+                by_backend[msg.submission.backend].append((entry_id, msg, policy, mine))
         checked: dict[str, list[VerifyResult]] = {}
-        for backend, group in by_limits.items():
+        for backend, group in by_backend.items():
             acceptance = acceptance_for(backend)
             if acceptance is None:
                 continue  # check_completions refuses it with the reason
