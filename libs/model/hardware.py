@@ -7,7 +7,11 @@ better found out for free) and declared to the orchestrator at registration for 
 from __future__ import annotations
 
 import os
+import platform
 from dataclasses import dataclass
+from typing import Literal
+
+NativePrecision = Literal["bf16", "fp32"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,39 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return "CPU"
+
+
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags (x86 `flags`, Arm `Features`); empty where unreadable."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_has_native_bf16(flags: set[str] | None = None) -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX on x86, the BF16
+    extension on Arm). Without it torch emulates bf16 matmuls, measured here at 2.3x the CPU
+    of fp32 for the same generation (a 128-row batch of the tiny model: 190 ms against 82 ms)."""
+    flags = _cpu_flags() if flags is None else flags
+    if platform.machine() in ("aarch64", "arm64"):
+        return "bf16" in flags
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def native_precision(device: str) -> NativePrecision:
+    """The precision `--precision auto` generates in: bf16 where the device computes it
+    natively, else fp32, which there is both faster and closer to the validator's numbers.
+    fp16 is never picked on its own: bf16-trained weights can overflow it."""
+    if device.startswith("cuda"):
+        import torch
+
+        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if cpu_has_native_bf16() else "fp32"
 
 
 def _ram_gib() -> float:

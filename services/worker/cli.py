@@ -154,8 +154,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
 
 
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def join(settings: WorkerSettings, account: LocalAccount, ledger: LedgerClient) -> None:
-    from prime_swarm.libs.model.hardware import detect
+    from prime_swarm.libs.model.hardware import detect, native_precision
 
     from .onboarding import check_orchestrator, check_trainer, stake_if_needed
 
@@ -164,9 +170,13 @@ def join(settings: WorkerSettings, account: LocalAccount, ledger: LedgerClient) 
         hardware = detect(settings.device)
     except ValueError as exc:
         raise JoinError(f"--device {settings.device}: {exc}") from None
+    if settings.precision == "auto":
+        # vLLM takes the GPU whenever one is visible, whatever --device says (it is hf's).
+        where = "cuda" if settings.backend == "vllm" and _cuda_visible() else settings.device
+        settings = settings.model_copy(update={"precision": native_precision(where)})
     standing = read_standing(ledger, settings, account.address)
     say(f"worker {account.address}: balance {eth(standing.balance)}")
-    say(f"hardware: {hardware.describe()}; backend {settings.backend}")
+    say(f"hardware: {hardware.describe()}; backend {settings.backend} in {settings.precision}")
     trainer = check_trainer(standing.pool, settings)
     check_orchestrator(standing.pool, settings.http_timeout_s)
     say(f"pool {settings.pool_id}: orchestrator {standing.pool.orchestrator_url} answers")

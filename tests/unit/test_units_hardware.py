@@ -3,6 +3,7 @@
 import pytest
 
 from prime_swarm.libs.chain.units import eth
+from prime_swarm.libs.model import hardware
 from prime_swarm.libs.model.hardware import detect
 
 
@@ -35,3 +36,28 @@ def test_a_missing_cuda_device_is_a_clear_error() -> None:
         pytest.skip("a CUDA device is visible here")
     with pytest.raises(ValueError, match="no CUDA device"):
         detect("cuda:0")
+
+
+@pytest.mark.parametrize(
+    ("machine", "flags", "native"),
+    [
+        ("x86_64", {"avx512f", "avx512_vnni"}, False),  # AVX-512 alone emulates bf16
+        ("x86_64", {"avx512f", "avx512_bf16"}, True),
+        ("x86_64", {"amx_tile", "amx_bf16"}, True),
+        ("aarch64", {"asimd", "bf16"}, True),
+        ("aarch64", {"asimd"}, False),
+        ("x86_64", set(), False),  # unreadable /proc/cpuinfo: assume no
+    ],
+)
+def test_native_bf16_is_read_from_the_cpu_flags(
+    monkeypatch: pytest.MonkeyPatch, machine: str, flags: set[str], native: bool
+) -> None:
+    monkeypatch.setattr(hardware.platform, "machine", lambda: machine)
+    assert hardware.cpu_has_native_bf16(flags) is native
+
+
+def test_auto_precision_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: True)
+    assert hardware.native_precision("cpu") == "bf16"
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: False)
+    assert hardware.native_precision("cpu") == "fp32"
