@@ -110,7 +110,7 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
             while True:
                 time.sleep(3600)  # KeyboardInterrupt ends it; `finally` stops every process
         net.stop_workers()
-        net.procs["validator"].stop(timeout_s=60)  # flushes queued attestations first
+        net.stop_validators()  # each flushes its queued attestations first
         counts = net.stream_counts()
         attested = net.attested_units()
     finally:

@@ -47,7 +47,7 @@ class Topology:
     relay_url: str = ""
     orchestrator_url: str = ""
     trainer_address: str = ""
-    validator_address: str = ""
+    validators: list[str] = field(default_factory=list)
     workers: list[str] = field(default_factory=list)
 
 
@@ -61,6 +61,7 @@ class LocalNetwork:
         self.anvil: Anvil | None = None
         self.topo = Topology()
         self._cpu: dict[str, float] = {}
+        self.retired: dict[str, ManagedProcess] = {}
         # One torch thread per process: the workers, a validator and a trainer share 2 cores.
         self.env = {
             "OMP_NUM_THREADS": "1",
@@ -81,12 +82,16 @@ class LocalNetwork:
         t.rpc_url = self.anvil.rpc_url
         # Fresh keys for every role: anvil's dev keys are public, so a validator or pool owner
         # holding one could be impersonated by any process on the machine.
-        owner, validator, trainer = Account.create(), Account.create(), Account.create()
-        for role, account in (("owner", owner), ("validator", validator), ("trainer", trainer)):
+        owner, trainer = Account.create(), Account.create()
+        validators = [Account.create() for _ in range(self.s.validators)]
+        for role, account in (("owner", owner), ("trainer", trainer)):
             write_key(self.keys / f"{role}.json", account)
+        for i, v in enumerate(validators):
+            write_key(self.keys / f"validator-{i}.json", v)
+            self._fund(v, 10 * 10**18)  # pays for attestations and slashes
         self._fund(owner, 100 * 10**18)  # deploys, funds the pool's rewards
-        self._fund(validator, 10 * 10**18)  # pays for attestations and slashes
-        t.trainer_address, t.validator_address = trainer.address, validator.address
+        t.trainer_address = trainer.address
+        t.validators = [v.address for v in validators]
 
         t.ledger = deploy_ledger(t.rpc_url, owner, unbonding_blocks=self.s.unbonding_blocks).address
         orch_port = free_port()
@@ -95,13 +100,9 @@ class LocalNetwork:
         t.pool_id = ledger.create_pool(
             t.orchestrator_url, self.s.min_stake_wei, self.s.reward_per_unit_wei, trainer.address
         )
-        ledger.register_validator(t.pool_id, validator.address)
+        for v in validators:
+            ledger.register_validator(t.pool_id, v.address)
         ledger.fund_pool(t.pool_id, 10 * 10**18)
-        workers = [Account.create() for _ in range(self.s.workers)]
-        for i, w in enumerate(workers):
-            write_key(self.keys / f"worker-{i}.json", w)
-            self._fund(w, 5 * 10**18)
-        t.workers = [w.address for w in workers]
 
         # Relays keep every version whose rollouts can still be admitted, plus the one in flight.
         keep = self.s.recipe.async_level + 2
@@ -157,23 +158,8 @@ class LocalNetwork:
                 "PRIME_TRAINER_METRICS_PORT": str(free_port()),
             },
         )
-        self._spawn(
-            "validator",
-            [_script("prime-validator")],
-            env={
-                "PRIME_VALIDATOR_REDIS_URL": t.redis_url,
-                "PRIME_VALIDATOR_RPC_URL": t.rpc_url,
-                "PRIME_VALIDATOR_LEDGER_ADDRESS": t.ledger,
-                "PRIME_VALIDATOR_POOL_ID": str(t.pool_id),
-                "PRIME_VALIDATOR_KEY_FILE": str(self.keys / "validator.json"),
-                "PRIME_VALIDATOR_RELAYS": self.sources,
-                "PRIME_VALIDATOR_CACHE_DIR": str(self.run_dir / "validator-cache"),
-                "PRIME_VALIDATOR_METRICS_PORT": str(free_port()),
-                # A transaction per 64 attestations, not 32: each waits for its receipt on
-                # the validator's loop (the ledger's batch-64 gas is the target of its bench).
-                "PRIME_VALIDATOR_ATTEST_BATCH_SIZE": "64",
-            },
-        )
+        for i in range(self.s.validators):
+            self._spawn_validator(i)
         self._spawn(
             "orchestrator",
             [_script("prime-orchestrator")],
@@ -187,36 +173,80 @@ class LocalNetwork:
                 # The local pool ejects workers that vanish (killed, crashed) after two minutes.
                 "PRIME_ORCH_OWNER_KEY_FILE": str(self.keys / "owner.json"),
                 "PRIME_ORCH_EJECT_AFTER_S": "120",
+                "PRIME_ORCH_LEASE_TTL_S": str(self.s.lease_ttl_s),
                 # Groups in flight, not counting the batch the trainer has taken: one step's
                 # worth. Measured (bench/trainer_bench.py): 1.25-1.5 steps dropped 3-4x the
                 # groups as stale for no more trained completions per second.
                 "PRIME_ORCH_MAX_IN_FLIGHT_GROUPS": str(self.s.groups_per_step),
             },
         ).wait_http(f"{t.orchestrator_url}/healthz")
-        for i in range(self.s.workers):
-            self._spawn(
-                f"worker-{i}",
-                [
-                    _script("prime-worker"),
-                    "join",
-                    "--pool",
-                    str(t.pool_id),
-                    "--rpc-url",
-                    t.rpc_url,
-                    "--ledger",
-                    t.ledger,
-                    "--key-file",
-                    str(self.keys / f"worker-{i}.json"),
-                    "--cache-dir",
-                    str(self.run_dir / "worker-cache"),
-                    "--no-progress",
-                    "--yes",  # the operator's own workers stake without asking
-                    "--backend",
-                    self.worker_backend(i),
-                ],
-                env={"PRIME_WORKER_LEASE_BATCH": str(self.s.lease_batch)},
-            )
+        for _ in range(self.s.workers):
+            self.add_worker()
         return t
+
+    def _spawn_validator(self, i: int) -> None:
+        t = self.topo
+        self._spawn(
+            f"validator-{i}",
+            [_script("prime-validator")],
+            env={
+                "PRIME_VALIDATOR_REDIS_URL": t.redis_url,
+                "PRIME_VALIDATOR_RPC_URL": t.rpc_url,
+                "PRIME_VALIDATOR_LEDGER_ADDRESS": t.ledger,
+                "PRIME_VALIDATOR_POOL_ID": str(t.pool_id),
+                "PRIME_VALIDATOR_KEY_FILE": str(self.keys / f"validator-{i}.json"),
+                "PRIME_VALIDATOR_RELAYS": self.sources,
+                # Each its own cache; its consumer name derives from its own address.
+                "PRIME_VALIDATOR_CACHE_DIR": str(self.run_dir / f"validator-{i}-cache"),
+                "PRIME_VALIDATOR_METRICS_PORT": str(free_port()),
+                # A transaction per 64 attestations, not 32: each waits for its receipt on
+                # the validator's loop (the ledger's batch-64 gas is the target of its bench).
+                "PRIME_VALIDATOR_ATTEST_BATCH_SIZE": "64",
+            },
+        )
+
+    def add_worker(self) -> str:
+        """Create, fund and start one more worker (`worker-N`), as a contributor joining the
+        running pool would: it stakes, registers and generates. Returns its address."""
+        t, i = self.topo, len(self.topo.workers)
+        account = Account.create()
+        key = self.keys / f"worker-{i}.json"
+        write_key(key, account)
+        self._fund(account, 5 * 10**18)
+        t.workers.append(account.address)
+        self._spawn(
+            f"worker-{i}",
+            [
+                _script("prime-worker"),
+                "join",
+                "--pool",
+                str(t.pool_id),
+                "--rpc-url",
+                t.rpc_url,
+                "--ledger",
+                t.ledger,
+                "--key-file",
+                str(key),
+                "--cache-dir",
+                str(self.run_dir / "worker-cache"),
+                "--no-progress",
+                "--yes",  # the operator's own workers stake without asking
+                "--backend",
+                self.worker_backend(i),
+            ],
+            env={"PRIME_WORKER_LEASE_BATCH": str(self.s.lease_batch)},
+        )
+        return account.address
+
+    def retire(self, name: str, *, kill: bool = False) -> int | None:
+        """Take `name` out of the watched processes and stop it: SIGTERM (a worker finishes
+        the batch in hand) or, with `kill`, SIGKILL as a crash would. The run goes on without
+        it; `follow` no longer counts its exit as a failure."""
+        proc = self.procs.pop(name)
+        self.retired[name] = proc
+        if kill:
+            proc.kill()
+        return proc.stop()
 
     @property
     def sources(self) -> str:
@@ -304,23 +334,25 @@ class LocalNetwork:
                 self._cpu[name] = round(used, 2)
         return dict(self._cpu)
 
+    def stop_validators(self) -> None:
+        """SIGTERM every validator and wait for each to flush its queued attestations."""
+        for name in [n for n in self.procs if n.startswith("validator-")]:
+            self.procs[name].stop(timeout_s=60)
+
     def stop_workers(self) -> None:
         for name in [n for n in self.procs if n.startswith("worker-")] + ["orchestrator"]:
             if name in self.procs:
                 self.procs[name].stop()
 
     def stop(self) -> None:
-        # Validator last among services: on SIGTERM it flushes its queued attestations.
-        order = [n for n in self.procs if n.startswith("worker-")] + [
-            "orchestrator",
-            "trainer",
-            "validator",
-            "relay",
-            "origin",
-        ]
+        # Validators last among services: on SIGTERM each flushes its queued attestations.
+        order = [n for n in self.procs if n.startswith("worker-")] + ["orchestrator", "trainer"]
+        order += [n for n in self.procs if n.startswith("validator-")] + ["relay", "origin"]
         for name in order:
             if name in self.procs:
-                self.procs[name].stop(timeout_s=30 if name == "validator" else 10)
+                self.procs[name].stop(timeout_s=30 if name.startswith("validator-") else 10)
+        for proc in self.retired.values():
+            proc.stop()  # already stopped: closes what is left
         if self.redis:
             self.redis.stop()
         if self.anvil:

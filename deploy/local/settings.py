@@ -27,6 +27,18 @@ class LocalNetworkSettings(BaseSettings):
         "(bench/trainer_bench.py: 1.1x the trained completions per second of two, 1.3x of "
         "three); raise it where cores are spare.",
     )
+    validators: int = Field(
+        1,
+        ge=1,
+        description="Validator processes, each with its own key registered on chain and its "
+        "own consumer in the validators group (they share the submitted stream).",
+    )
+    lease_ttl_s: float = Field(
+        15.0,
+        gt=0,
+        description="How long a worker may hold a lease before it is reissued: a lease batch "
+        "takes well under a second here, so a crashed worker's tasks go to another soon.",
+    )
     worker_backends: list[BackendName] = Field(
         ["hf"],
         min_length=1,

@@ -23,6 +23,7 @@ from prime_swarm.libs.shardcast.relays import RelayPool
 from prime_swarm.protocol.messages import Manifest, SignedManifest
 
 log = logging.getLogger("policy")
+RELAY_EVENT_LEVELS = {"ok": logging.DEBUG, "miss": logging.INFO}
 
 ProgressFn = Callable[[int, int], None]
 
@@ -67,8 +68,10 @@ class PolicyStore:
 
     @staticmethod
     def _relay_event(kind: str, url: str, reason: str) -> None:
-        # A relay that served bad bytes or a forged manifest is reported, never trusted again.
-        log.warning("relay %s: %s", kind, reason, extra={"fields": {"relay": url}})
+        # A served shard is routine and a miss is a relay still fetching the version; a
+        # relay that failed or served bad bytes (demoted, never trusted again) is news.
+        level = RELAY_EVENT_LEVELS.get(kind, logging.WARNING)
+        log.log(level, "relay %s: %s", kind, reason, extra={"fields": {"relay": url}})
 
     def download(self, version: int, relays: list[str], progress: ProgressFn | None = None) -> None:
         """Fetch and verify `version`'s files into the cache without loading them. Safe on a

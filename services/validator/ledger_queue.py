@@ -40,13 +40,27 @@ class ChainAction:
         return json.dumps(self.__dict__)
 
 
+def queue_key(pool_id: int, validator: str) -> str:
+    """One queue per validator: each flushes with its own key, and two sharing one would read
+    the same head, both trim it, and drop the batch behind it unattested (found by the two
+    validators of tests/e2e/test_pool_churn.py: 4 % of accepted units never reached the chain).
+    A restarted validator, same key, finds what it left queued."""
+    return f"validator:{pool_id}:chain_queue:{validator.lower()}"
+
+
 class LedgerQueue:
     def __init__(
-        self, r: redis.Redis, ledger: LedgerClient, pool_id: int, batch: int, interval_s: float
+        self,
+        r: redis.Redis,
+        ledger: LedgerClient,
+        pool_id: int,
+        validator: str,
+        batch: int,
+        interval_s: float,
     ) -> None:
         self.r, self.ledger, self.pool_id = r, ledger, pool_id
         self.batch, self.interval_s = batch, interval_s
-        self.key = f"validator:{pool_id}:chain_queue"
+        self.key = queue_key(pool_id, validator)
         self.last_flush = time.monotonic()
 
     def due(self) -> bool:

@@ -71,6 +71,7 @@ class Validator:
             self.r,
             self.ledger,
             settings.pool_id,
+            account.address,
             settings.attest_batch_size,
             settings.attest_interval_s,
         )

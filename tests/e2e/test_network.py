@@ -41,7 +41,7 @@ def finished_network(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
         net.start()
         rows = net.follow(lambda row: None, timeout_s=240)
         net.stop_workers()
-        net.procs["validator"].stop(timeout_s=60)
+        net.stop_validators()
         yield net, rows
     finally:
         net.stop()

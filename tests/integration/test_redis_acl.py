@@ -44,7 +44,7 @@ from prime_swarm.services.orchestrator.state import (
 )
 from prime_swarm.services.trainer import progress
 from prime_swarm.services.validator import stats as validator_stats
-from prime_swarm.services.validator.ledger_queue import ChainAction, LedgerQueue
+from prime_swarm.services.validator.ledger_queue import ChainAction, LedgerQueue, queue_key
 
 FAKE = {"data": "{}"}  # any payload: the ACL never looks inside an entry
 
@@ -144,7 +144,7 @@ def test_each_role_does_its_job_with_the_services_code(acl_redis: SimpleNamespac
             attested.extend(works) or SimpleNamespace(attested=works, skipped=[])
         )
     )
-    queue = LedgerQueue(validator, ledger, pool_id=1, batch=10, interval_s=0)  # type: ignore[arg-type]
+    queue = LedgerQueue(validator, ledger, 1, "0x" + "cd" * 20, batch=10, interval_s=0)  # type: ignore[arg-type]
     pipe = validator.pipeline(transaction=True)
     pipe.xadd(streams.ROLLOUTS_VERIFIED, FAKE)
     pipe.xadd(streams.ROLLOUTS_REJECTED, FAKE)
@@ -194,7 +194,7 @@ def test_only_the_validator_can_give_verdicts(acl_redis: SimpleNamespace) -> Non
     for r in (orch, trainer):
         assert refused(lambda r=r: r.xadd(streams.ROLLOUTS_VERIFIED, FAKE))
         assert refused(lambda r=r: r.xadd(streams.ROLLOUTS_REJECTED, FAKE))
-        assert refused(lambda r=r: r.rpush("validator:1:chain_queue", "{}"))
+        assert refused(lambda r=r: r.rpush(queue_key(1, "0x" + "cd" * 20), "{}"))
     # The orchestrator writes submissions but cannot read them back as a consumer, nor ack
     # them away before the validator sees them.
     assert refused(

@@ -1,0 +1,154 @@
+"""A pool that heals itself, against real processes: during one training run a worker is killed
+(SIGKILL) while it holds leases, a new worker joins, another finishes its batch and leaves the
+pool on chain, and two validators share the submitted stream. The run must finish every step,
+the dead worker's tasks must be reissued and trained, and the validators must neither check
+nor attest one submission twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from prime_swarm.deploy.local.cli import prepare_model
+from prime_swarm.deploy.local.network import LocalNetwork
+from prime_swarm.deploy.local.settings import LocalNetworkSettings
+from prime_swarm.libs.chain.client import LedgerClient
+from prime_swarm.protocol import streams
+from prime_swarm.protocol.messages import Lease, StepProgress, Verdict, VerifiedRollout
+from prime_swarm.services.orchestrator.state import LEASE, OPEN_LEASES, REISSUED, SUBMITTED
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 60
+
+
+class Churn:
+    """Drives the run from the trainer's progress: kill, then join, then leave."""
+
+    def __init__(self, net: LocalNetwork) -> None:
+        self.net, self.stage = net, 0
+        self.r = net.redis.client()  # type: ignore[union-attr]
+        self.held: list[Lease] = []
+        self.left_at_step = 0
+
+    def __call__(self, row: StepProgress) -> None:
+        if self.stage == 0 and row.step >= 2:
+            self.held = self._kill_holding_leases("worker-0")
+            self.net.add_worker()  # worker-2 joins the running pool
+            self.stage = 1
+        elif self.stage == 1 and self._verified_from(self.net.topo.workers[2]):
+            # worker-1 finishes its batch, stops and leaves the pool on chain.
+            assert self.net.retire("worker-1") == 0
+            self._leave(1)
+            self.left_at_step, self.stage = row.step, 2
+
+    def _kill_holding_leases(self, name: str) -> list[Lease]:
+        """SIGKILL `name` at a moment it holds open leases: frozen (SIGSTOP) first, so the
+        leases it is seen holding are the ones it dies with."""
+        proc = self.net.procs[name]
+        key = OPEN_LEASES.format(worker=self.net.topo.workers[0].lower())
+        for _ in range(40):
+            os.killpg(proc.proc.pid, signal.SIGSTOP)
+            time.sleep(0.5)  # a submission already on the wire still lands; none follows
+            ids = [i.decode() for i in self.r.zrangebyscore(key, time.time(), "+inf")]
+            ids = [i for i in ids if not self.r.exists(SUBMITTED.format(lease_id=i))]
+            raw = [self.r.get(LEASE.format(lease_id=i)) for i in ids]
+            held = [Lease.model_validate_json(x) for x in raw if x]
+            if held:
+                self.net.retire(name, kill=True)
+                return held
+            os.killpg(proc.proc.pid, signal.SIGCONT)
+            time.sleep(0.02)
+        raise AssertionError(f"{name} never held a lease")
+
+    def _verified_from(self, worker: str) -> bool:
+        return any(
+            streams.decode(VerifiedRollout, f).worker.lower() == worker.lower()
+            for _, f in self.r.xrange(streams.ROLLOUTS_VERIFIED)
+        )
+
+    def _leave(self, i: int) -> None:
+        t = self.net.topo
+        cli = Path(sys.executable).parent / "prime-worker"
+        args = ["leave", "--pool", str(t.pool_id), "--rpc-url", t.rpc_url, "--ledger", t.ledger]
+        key = ["--key-file", str(self.net.keys / f"worker-{i}.json")]
+        done = subprocess.run([str(cli), *args, *key], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def churned(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    run_dir = tmp_path_factory.mktemp("run")
+    settings = LocalNetworkSettings(
+        runs_dir=run_dir.parent,
+        cache_dir=REPO / ".cache",
+        steps=STEPS,
+        workers=2,
+        validators=2,
+        groups_per_step=4,
+        lease_batch=2,  # leases spread over the workers, so each holds some at any moment
+        lease_ttl_s=4.0,
+        warm_start_steps=60,
+    )
+    net = LocalNetwork(settings, prepare_model(settings), run_dir)
+    try:
+        net.start()
+        churn = Churn(net)
+        rows = net.follow(churn, timeout_s=400)
+        net.stop_workers()
+        net.stop_validators()  # each flushes its queued attestations
+        yield net, rows, churn
+    finally:
+        net.stop()
+
+
+@pytest.mark.timeout(600)
+def test_the_run_carries_on_through_a_crash_a_join_and_a_leave(churned) -> None:  # noqa: ANN001
+    net, rows, churn = churned
+    assert churn.stage == 2, "the run ended before the churn finished"
+    assert [r.step for r in rows] == list(range(1, STEPS + 1))
+    assert rows[-1].step - churn.left_at_step >= 3  # trained on after worker-1 left
+    r = net.redis.client()
+    verified = [streams.decode(VerifiedRollout, f) for _, f in r.xrange(streams.ROLLOUTS_VERIFIED)]
+    by_worker = Counter(v.worker.lower() for v in verified)
+    assert all(by_worker[w.lower()] > 0 for w in net.topo.workers)  # the newcomer's work too
+    ledger = LedgerClient(net.topo.rpc_url, net.topo.ledger, account=None, timeout=30)
+    assert not ledger.is_member(net.topo.pool_id, net.topo.workers[1])
+    assert ledger.is_member(net.topo.pool_id, net.topo.workers[2])
+
+
+def test_a_killed_workers_leases_are_reissued_and_trained(churned) -> None:  # noqa: ANN001
+    net, _, churn = churned
+    r = net.redis.client()
+    assert int(r.get(REISSUED) or 0) >= len(churn.held) > 0
+    dead = net.topo.workers[0].lower()
+    verified = [streams.decode(VerifiedRollout, f) for _, f in r.xrange(streams.ROLLOUTS_VERIFIED)]
+    redone = {v.task_id for v in verified if v.worker.lower() != dead}
+    assert {lease.task_id for lease in churn.held} <= redone
+
+
+def test_two_validators_share_the_stream_without_colliding(churned) -> None:  # noqa: ANN001
+    net, _, _ = churned
+    r = net.redis.client()
+    verdicts = [
+        streams.decode(VerifiedRollout, f).verdict for _, f in r.xrange(streams.ROLLOUTS_VERIFIED)
+    ] + [streams.decode(Verdict, f) for _, f in r.xrange(streams.ROLLOUTS_REJECTED)]
+    ids = Counter(v.submission_id for v in verdicts)
+    assert ids and max(ids.values()) == 1  # no submission judged twice
+    by_validator = Counter(v.validator.lower() for v in verdicts)
+    assert set(by_validator) == {v.lower() for v in net.topo.validators}
+    assert {v.reason for v in verdicts if not v.accepted} <= {"stale_policy"}
+    # What the chain credits is exactly what the validators accepted, each item once.
+    ledger = LedgerClient(net.topo.rpc_url, net.topo.ledger, account=None, timeout=30)
+    events = ledger.work_attested_events(net.topo.pool_id)
+    keys = Counter(e.work_key for e in events)
+    assert max(keys.values()) == 1
+    assert {e.validator.lower() for e in events} == set(by_validator)
+    accepted_units = sum(v.units for v in verdicts if v.accepted)
+    assert ledger.attested_units(net.topo.pool_id) == accepted_units == sum(e.units for e in events)
