@@ -148,6 +148,14 @@ def _print_json(data: object) -> None:
 # --- commands ---------------------------------------------------------------------------------
 
 
+def cmd_address(args: argparse.Namespace) -> int:
+    """A service key's address, for the pool owner to register: a validator's, a trainer's."""
+    from .keyfile import load_or_create_key
+
+    print(load_or_create_key(args.key_file).address)
+    return 0
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from .compile import stale_artifacts, write_artifacts
 
@@ -257,6 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
         p.set_defaults(handler=handler)
         return p
+
+    p = command("address", cmd_address, "print a key file's address, creating the key if missing")
+    p.add_argument(
+        "--key-file", required=True, help="JSON key file; created (mode 0600) if missing"
+    )
 
     p = command("compile", cmd_compile, "compile protocol/contracts/*.vy into build/*.json")
     p.add_argument("--check", action="store_true", help="only check the artifacts are current")

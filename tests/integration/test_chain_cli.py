@@ -179,6 +179,11 @@ def test_key_file_is_created_and_reused(
 
     ok(capsys, *deploy)
     assert json.loads(out.read_text())["deployer"] == created
+    # `address` prints it (what an operator hands the pool owner), creating nothing new.
+    assert ok(capsys, "address", "--key-file", str(key_file)).strip() == created
+    fresh = tmp_path / "keys" / "validator.json"
+    shown = ok(capsys, "address", "--key-file", str(fresh)).strip()
+    assert shown == json.loads(fresh.read_text())["address"] != created
 
 
 @pytest.mark.parametrize(
