@@ -30,8 +30,9 @@ Phases, one after another on the same server (the first `warmup_s` of each are n
 - open_loop_<N>pct: the same at N % of the rate `submit` reached (`--below-capacity`, when that
   is under the target): the latency the server gives below its saturation point;
 - profile: `submit` again with py-spy sampling the orchestrator (not counted in the figures);
-- submit_standing_cached: `submit` again after restarting the orchestrator with each worker's
-  stake cached for an hour instead of `standing_cache_s` (5 s): what the on-chain re-check costs.
+- submit_standing_polled: `submit` again after restarting the orchestrator with each worker's
+  stake re-read on chain every 5 s (the default before ledger events dropped changed standings):
+  what polling the chain per worker costs.
 
     python bench/orchestrator_bench.py [--workers 100] [--clients 4] [--duration 10]
 
@@ -96,7 +97,7 @@ POLICY_VERSION = 5
 MIN_STAKE = 10**18
 TRAINER = "0x" + "11" * 20
 HEARTBEAT_INTERVAL_S = 2.0  # the orchestrator's default `heartbeat_interval_s`
-STANDING_CACHE_S = 5.0  # the orchestrator's default `standing_cache_s`
+POLLED_STANDING_S = 5.0  # re-reading each stake this often is what events replaced
 PROOF_BYTES_PER_TOKEN = 48  # TOPLOC's proof size (bench/results/toploc.json `bytes_per_token`)
 PROMPT_TOKENS = 32
 REQUEST_TIMEOUT_S = 30.0
@@ -843,7 +844,7 @@ CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ("pydantic (validation, serialization)", ("pydantic/", "pydantic_core/")),
     ("json (stdlib)", ("json/",)),
     (
-        "chain reads (web3: the stake re-check every standing_cache_s)",
+        "chain reads (web3: stake lookups and the ledger-event poll)",
         ("web3/", "requests/", "urllib3/"),
     ),
     ("prometheus metrics", ("prometheus_client/",)),
@@ -1015,12 +1016,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raw = args.profile_raw or work / "profile.txt"
             phase("profile", "submit", d, profile=raw)
             profile = read_profile(raw)
-        if not args.no_cached_standing:
-            # The same load with each worker's stake read once an hour instead of every
-            # standing_cache_s: what the on-chain re-check costs at this many workers.
-            say("restarting the orchestrator with PRIME_ORCH_STANDING_CACHE_S=3600")
-            st.start_orchestrator(PRIME_ORCH_STANDING_CACHE_S="3600")
-            phase("submit_standing_cached", "submit", d * 1.5)
+        if not args.no_polled_standing:
+            # The same load with each worker's stake re-read on chain every few seconds
+            # instead of when a ledger event says it changed.
+            say(f"restarting the orchestrator with PRIME_ORCH_STANDING_CACHE_S={POLLED_STANDING_S}")
+            st.start_orchestrator(PRIME_ORCH_STANDING_CACHE_S=str(POLLED_STANDING_S))
+            phase("submit_standing_polled", "submit", d * 1.5)
         for c in conns:
             c.send(("stop", None))
         for p in procs:
@@ -1091,14 +1092,14 @@ def report(
             f"the caller's CPU and one signature recovery {micro['signature_recovery_us_cpu']} "
             f"us, against the {cpu_ms(sub)} ms the orchestrator spent per request."
         )
-    cached = phases.get("submit_standing_cached")
-    if cached:
+    polled = phases.get("submit_standing_polled")
+    if polled:
         summary.append(
-            f"With each worker's stake re-read on chain once an hour instead of every "
-            f"{STANDING_CACHE_S:.0f} s ({args.workers} workers: "
-            f"{args.workers / STANDING_CACHE_S:.0f} lookups/s), the same load reached "
-            f"{cached['rates_per_s'].get('submit', 0.0)} submissions/s at "
-            f"{cached.get('orchestrator_cpu_ms_per_admitted_submission')} ms of CPU each."
+            f"With each worker's stake re-read on chain every {POLLED_STANDING_S:.0f} s "
+            f"({args.workers} workers: {args.workers / POLLED_STANDING_S:.0f} lookups/s) "
+            f"instead of on ledger events, the same load reached "
+            f"{polled['rates_per_s'].get('submit', 0.0)} submissions/s at "
+            f"{polled.get('orchestrator_cpu_ms_per_admitted_submission')} ms of CPU each."
         )
     if profile:
         top = list(profile["by_library_pct"].items())[:5]
@@ -1169,8 +1170,8 @@ def report(
             "submissions_over_client_signing_rate": ratio(
                 submissions_per_s, sum(sign_per_s) / len(sign_per_s)
             ),
-            "submissions_standing_cached_over_default": ratio(
-                (cached or {}).get("rates_per_s", {}).get("submit"), submissions_per_s
+            "submissions_standing_polled_over_default": ratio(
+                (polled or {}).get("rates_per_s", {}).get("submit"), submissions_per_s
             ),
             "target_p99_over_healthz_p99": ratio(
                 target_lat.get("p99_ms"), base["latency"].get("healthz", {}).get("p99_ms")
@@ -1286,9 +1287,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy phase")
     parser.add_argument(
-        "--no-cached-standing",
+        "--no-polled-standing",
         action="store_true",
-        help="skip the phase with stake re-checks cached for an hour",
+        help="skip the phase with each stake re-read on chain every 5 s",
     )
     parser.add_argument(
         "--profile-raw", type=Path, default=None, help="keep py-spy's collapsed stacks here"

@@ -22,7 +22,7 @@ from .deps import Pool
 from .ejector import eject_silent_workers
 from .routes import router
 from .settings import OrchestratorSettings
-from .standing import StandingBook
+from .standing import StandingBook, watch_standing_events
 from .state import LeaseBook, PolicyTracker, WorkerRoster
 from .status import router as status_router
 
@@ -63,7 +63,11 @@ def create_app(settings: OrchestratorSettings) -> FastAPI:
             board=StatusBoard(redis, settings, policy, relays),
         )
         app.state.auth = SignedRequest(redis_nonce_burner(redis), settings.max_clock_skew_s)
-        ejector = None
+        tasks = [
+            asyncio.create_task(
+                watch_standing_events(app.state.pool.standing, settings.standing_events_poll_s)
+            )
+        ]
         if owner_account is not None:
             owner = LedgerClient(
                 settings.rpc_url,
@@ -72,12 +76,12 @@ def create_app(settings: OrchestratorSettings) -> FastAPI:
                 timeout=settings.chain_timeout_s,
                 request_timeout=settings.chain_timeout_s,
             )
-            ejector = asyncio.create_task(
-                eject_silent_workers(app.state.pool.workers, owner, settings)
+            tasks.append(
+                asyncio.create_task(eject_silent_workers(app.state.pool.workers, owner, settings))
             )
         yield
-        if ejector is not None:
-            ejector.cancel()
+        for task in tasks:
+            task.cancel()
         relays.close()
         await redis.aclose()
 

@@ -31,7 +31,9 @@ class Pool:
     board: StatusBoard
 
 
-def get_pool(request: Request) -> Pool:
+async def get_pool(request: Request) -> Pool:
+    # async on purpose: FastAPI runs a sync dependency on its thread pool, and that hand-off
+    # was a quarter of the orchestrator's CPU per request (bench-orchestrator's py-spy).
     return request.app.state.pool
 
 

@@ -108,7 +108,16 @@ class OrchestratorSettings(BaseSettings):
         "throwaway keys cannot make the orchestrator spend chain calls at will.",
     )
     standing_cache_s: float = Field(
-        5.0, gt=0, description="How long a worker's on-chain standing is trusted before re-reading."
+        300.0,
+        gt=0,
+        description="How long a worker's on-chain standing is trusted before re-reading; a "
+        "ledger event about its stake or membership drops it sooner (standing_events_poll_s).",
+    )
+    standing_events_poll_s: float = Field(
+        1.0,
+        gt=0,
+        description="How often the ledger's worker events are read to drop changed standings: "
+        "how long a worker who left or was slashed may still be served.",
     )
     status_rate: Rate = Field(
         default_factory=lambda: Rate(per_second=2.0, burst=20),

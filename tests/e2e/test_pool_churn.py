@@ -1,12 +1,14 @@
 """A pool that heals itself, against real processes: during one training run a worker is killed
-(SIGKILL) while it holds leases, a new worker joins, another finishes its batch and leaves the
-pool on chain, and two validators share the submitted stream. The run must finish every step,
+(SIGKILL) while it holds leases, a newcomer joins by pasting the join line `prime-swarm up`
+prints, another worker finishes its batch and leaves the pool on chain, and two validators
+share the submitted stream. The run must finish every step,
 the dead worker's tasks must be reissued and trained, and the validators must neither check
 nor attest one submission twice."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -16,20 +18,24 @@ from pathlib import Path
 
 import pytest
 
-from prime_swarm.deploy.local.cli import prepare_model
+from prime_swarm.deploy.local.cli import join_instructions, prepare_model
 from prime_swarm.deploy.local.network import LocalNetwork
 from prime_swarm.deploy.local.settings import LocalNetworkSettings
 from prime_swarm.libs.chain.client import LedgerClient
+from prime_swarm.libs.localnet.process import ManagedProcess
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import Lease, StepProgress, Verdict, VerifiedRollout
 from prime_swarm.services.orchestrator.state import LEASE, OPEN_LEASES, REISSUED, SUBMITTED
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 60
+MAX_STEPS = 400  # a cap: the test stops the trainer a few steps after the churn is done
+AFTER_LEAVE = 4  # steps trained after the last worker change before the run is ended
 
 
 class Churn:
-    """Drives the run from the trainer's progress: kill, then join, then leave."""
+    """Drives the run from the trainer's progress: kill, then join, then leave, then a few
+    more steps, then the trainer is stopped (SIGTERM: it exits between steps). Each move waits
+    for the one before, so a slow machine only makes the run longer."""
 
     def __init__(self, net: LocalNetwork) -> None:
         self.net, self.stage = net, 0
@@ -40,13 +46,16 @@ class Churn:
     def __call__(self, row: StepProgress) -> None:
         if self.stage == 0 and row.step >= 2:
             self.held = self._kill_holding_leases("worker-0")
-            self.net.add_worker()  # worker-2 joins the running pool
+            self._join_as_printed()
             self.stage = 1
         elif self.stage == 1 and self._verified_from(self.net.topo.workers[2]):
             # worker-1 finishes its batch, stops and leaves the pool on chain.
             assert self.net.retire("worker-1") == 0
             self._leave(1)
             self.left_at_step, self.stage = row.step, 2
+        elif self.stage == 2 and row.step >= self.left_at_step + AFTER_LEAVE:
+            assert self.net.procs["trainer"].stop() == 0
+            self.stage = 3
 
     def _kill_holding_leases(self, name: str) -> list[Lease]:
         """SIGKILL `name` at a moment it holds open leases: frozen (SIGSTOP) first, so the
@@ -66,6 +75,33 @@ class Churn:
             os.killpg(proc.proc.pid, signal.SIGCONT)
             time.sleep(0.02)
         raise AssertionError(f"{name} never held a lease")
+
+    def _join_as_printed(self) -> None:
+        """Steps 1-3 of the printed join line, run as a newcomer pastes them (keystore with a
+        passphrase, funding on the local chain, join), plus the flags a script needs."""
+        lines = join_instructions(self.net.topo).splitlines()
+        steps = [
+            line.split(":  ", 1)[1] for line in lines if line.startswith(("  1.", "  2.", "  3."))
+        ]
+        address_cmd, fund_cmd, join_cmd = steps
+        env = {
+            **os.environ,
+            **self.net.env,
+            "PRIME_WORKER_PASSPHRASE": "newcomer passphrase",
+            "PRIME_WORKER_KEY_FILE": str(self.net.run_dir / "newcomer-key.json"),
+            "PRIME_WORKER_LEASE_BATCH": str(self.net.s.lease_batch),
+        }
+        run = {"cwd": REPO, "env": env, "capture_output": True, "text": True, "timeout": 60}
+        shown = subprocess.run(["bash", "-c", address_cmd], **run, check=True)  # type: ignore[call-overload]
+        address = shown.stdout.split()[-1]
+        fund = fund_cmd.replace("ADDRESS", address)
+        subprocess.run(["bash", "-c", fund], **run, check=True)  # type: ignore[call-overload]
+        cache = self.net.run_dir / "newcomer-cache"
+        argv = [*shlex.split(join_cmd), "--yes", "--no-progress", "--cache-dir", str(cache)]
+        self.net.procs["worker-newcomer"] = ManagedProcess(
+            "worker-newcomer", argv, self.net.logs, env=env, cwd=REPO
+        )
+        self.net.topo.workers.append(address)
 
     def _verified_from(self, worker: str) -> bool:
         return any(
@@ -88,7 +124,7 @@ def churned(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     settings = LocalNetworkSettings(
         runs_dir=run_dir.parent,
         cache_dir=REPO / ".cache",
-        steps=STEPS,
+        steps=MAX_STEPS,
         workers=2,
         validators=2,
         groups_per_step=4,
@@ -100,7 +136,7 @@ def churned(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     try:
         net.start()
         churn = Churn(net)
-        rows = net.follow(churn, timeout_s=400)
+        rows = net.follow(churn, timeout_s=500)
         net.stop_workers()
         net.stop_validators()  # each flushes its queued attestations
         yield net, rows, churn
@@ -108,12 +144,12 @@ def churned(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
         net.stop()
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(700)
 def test_the_run_carries_on_through_a_crash_a_join_and_a_leave(churned) -> None:  # noqa: ANN001
     net, rows, churn = churned
-    assert churn.stage == 2, "the run ended before the churn finished"
-    assert [r.step for r in rows] == list(range(1, STEPS + 1))
-    assert rows[-1].step - churn.left_at_step >= 3  # trained on after worker-1 left
+    assert churn.stage == 3, "the run ended before the churn finished"
+    assert [r.step for r in rows] == list(range(1, len(rows) + 1))
+    assert rows[-1].step - churn.left_at_step >= AFTER_LEAVE  # trained on after worker-1 left
     r = net.redis.client()
     verified = [streams.decode(VerifiedRollout, f) for _, f in r.xrange(streams.ROLLOUTS_VERIFIED)]
     by_worker = Counter(v.worker.lower() for v in verified)

@@ -35,7 +35,7 @@ def test_every_command_has_help() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert set(sub.choices) == {
-        "compile", "deploy", "create-pool", "set-orchestrator-url", "set-trainer",
+        "address", "compile", "deploy", "create-pool", "set-orchestrator-url", "set-trainer",
         "register-validator", "remove-validator", "fund-pool", "pool-info", "balances",
     }  # fmt: skip
 
