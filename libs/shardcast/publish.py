@@ -49,7 +49,7 @@ def publish_version(
         if held is not None:
             return held
         signed = sign_manifest(manifest, account)
-        _put(
+        reply = _put(
             client,
             routes.join(origin_url, routes.manifest_path(version)),
             content=signed.model_dump_json().encode(),
@@ -57,7 +57,14 @@ def publish_version(
             attempts=attempts_per_shard,
             headers={"Content-Type": "application/json"},
         )
-        jobs = [(f, s) for f in signed.manifest.files for s in f.shards]
+        # The origin links the shards an earlier version holds unchanged and lists the rest.
+        missing = _missing(reply)
+        jobs = [
+            (f, s)
+            for f in signed.manifest.files
+            for s in f.shards
+            if missing is None or (f.name, s.index) in missing
+        ]
         with ThreadPoolExecutor(max_workers=max(1, max_workers)) as ex:
             # list() re-raises the first upload failure here.
             list(
@@ -97,6 +104,16 @@ def _already_complete(
     return held
 
 
+def _missing(reply: httpx.Response) -> set[tuple[str, int]] | None:
+    """The (file, shard index) pairs the origin still lacks, from its manifest reply; None
+    (upload everything) when it does not say."""
+    try:
+        listed = reply.json().get("missing")
+        return None if listed is None else {(str(n), int(i)) for n, i in listed}
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
 def _put_shard(
     http: httpx.Client,
     origin: str,
@@ -128,7 +145,7 @@ def _put(
     headers: dict[str, str],
     content: bytes | None = None,
     body: Callable[[], Iterator[bytes]] | None = None,
-) -> None:
+) -> httpx.Response:
     last = ""
     for attempt in range(max(1, attempts)):
         try:
@@ -137,7 +154,7 @@ def _put(
             last = f"{type(exc).__name__}: {exc}"
         else:
             if resp.status_code < 300:
-                return
+                return resp
             if resp.status_code < 500:  # the origin judged the request: retrying won't help
                 raise PublishError(f"origin refused {what}: HTTP {resp.status_code} {resp.text}")
             last = f"HTTP {resp.status_code}"

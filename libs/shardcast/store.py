@@ -16,6 +16,7 @@ manifest never exists.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -160,7 +161,42 @@ class VersionStore:
                 self._remove_dir(self.version_dir(version))
             os.rename(staged, self.version_dir(version))
             self._manifests[version] = signed
+            self._link_unchanged(signed)
             return True
+
+    def _link_unchanged(self, signed: SignedManifest) -> int:
+        """Hard-link every shard of `signed` that a complete held version has byte for byte
+        (same file, index and hash): most files of a policy version (config, tokenizer) never
+        change, and neither the origin's upload nor a relay's pull should move them again.
+        The held copy is hashed again first: bytes that rotted on disk since they were checked
+        in must not spread to a new version (a local read is far cheaper than the transfer)."""
+        wanted = {(f.name, s.index): s.sha256 for f in signed.manifest.files for s in f.shards}
+        version, linked = signed.manifest.version, 0
+        for held in reversed(self.versions()):
+            old = self.get_manifest(held)
+            if held == version or old is None:
+                continue
+            for f in old.manifest.files:
+                for s in f.shards:
+                    key = (f.name, s.index)
+                    if wanted.get(key) != s.sha256:
+                        continue
+                    source = self.shard_path(held, f.name, s.index)
+                    if _file_sha256(source) != s.sha256:
+                        continue  # missing (evicted meanwhile) or rotted: fetched as usual
+                    target = self.shard_path(version, f.name, s.index)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    try:
+                        os.link(source, target)
+                    except FileExistsError:
+                        pass
+                    except FileNotFoundError:
+                        continue
+                    del wanted[key]
+                    linked += 1
+            if not wanted:
+                break
+        return linked
 
     # ------------------------------------------------------------ shards
 
@@ -273,6 +309,17 @@ class VersionStore:
                 shutil.rmtree(entry, ignore_errors=True)
         for tmp in self.root.glob("v*/shards/*/.*.tmp"):
             tmp.unlink(missing_ok=True)
+
+
+def _file_sha256(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except FileNotFoundError:
+        return None
+    return digest.hexdigest()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

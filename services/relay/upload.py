@@ -74,7 +74,10 @@ async def put_manifest(
         raise HTTPException(409, str(exc)) from None
     if new:
         log.info("manifest of version %s accepted", version, extra={"version": version})
-    return _after_write(state, version)
+    reply = _after_write(state, version)
+    # The shards still to upload: the store linked those an earlier version holds unchanged.
+    reply["missing"] = [[f.name, s.index] for f, s in state.store.missing_shards(version)]
+    return reply
 
 
 @router.put("/v1/versions/{version}/files/{name}/shards/{index}")

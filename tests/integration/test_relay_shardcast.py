@@ -311,3 +311,34 @@ def test_origin_and_relay_evict_beyond_k(
     )
     assert put.status_code == 200 and put.json()["complete"] is False
     assert httpx.get(origin + "/v1/versions").json()["latest"] == 3
+
+
+def _received(url: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("shardcast_shards_received_total"):
+            return float(line.split()[-1])
+    raise AssertionError("no shards_received counter")
+
+
+def test_unchanged_files_are_neither_uploaded_nor_pulled_again(
+    work: Path, servers: dict[str, Server], trainer: LocalAccount
+) -> None:
+    """A new version that changes only the weights moves only the weights: the origin and the
+    relay link the config and tokenizer from the version before, and clients still get every
+    file whole and hash-checked."""
+    origin, relay = servers["origin"].url, servers["relay_b"].url
+    first = _model(work, "model_v20", 100_000)
+    publish_version(origin, first, 20, 19, trainer, SHARD, 10.0)
+    wait_for_version(relay, 20, timeout_s=20)
+    second = work / "model_v21"
+    second.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (second / name).write_bytes((first / name).read_bytes())
+    (second / "model.safetensors").write_bytes(os.urandom(100_000))
+    at_origin, at_relay = _received(origin), _received(relay)
+    publish_version(origin, second, 21, 20, trainer, SHARD, 10.0)
+    wait_for_version(relay, 21, timeout_s=20)
+    assert _received(origin) - at_origin == 1  # the weights' one shard, nothing else
+    assert _received(relay) - at_relay == 1
+    out = download_version([relay], 21, work / "dl_v21", trainer.address, timeout_s=5)
+    assert _same_tree(second, out)

@@ -126,3 +126,54 @@ def test_conflicting_manifest_replaces_partial_but_not_complete(tmp_path: Path) 
     _fill(store2, d1, first)
     with pytest.raises(VersionConflictError):
         store2.put_manifest(second)
+
+
+def test_unchanged_shards_are_linked_from_a_held_version(tmp_path: Path) -> None:
+    store = VersionStore(tmp_path / "store")
+    d0, v0 = _version(tmp_path, 0)
+    _fill(store, d0, v0)
+    # Version 1: the same config and the weights' first shard unchanged, the rest new.
+    d1 = tmp_path / "model1"
+    d1.mkdir()
+    (d1 / "config.json").write_bytes((d0 / "config.json").read_bytes())
+    weights = bytearray((d0 / "model.safetensors").read_bytes())
+    weights[25_000:] = os.urandom(len(weights) - 25_000)  # shards are 20 kB: index 0 unchanged
+    (d1 / "model.safetensors").write_bytes(weights)
+    v1 = sign_manifest(build_manifest(d1, 1, 0, 20_000, TRAINER.address), TRAINER)
+    store.put_manifest(v1)
+    missing = {(f.name, s.index) for f, s in store.missing_shards(1)}
+    assert missing == {("model.safetensors", 1), ("model.safetensors", 2)}
+    linked = store.shard_path(1, "model.safetensors", 0)
+    assert linked.read_bytes() == bytes(weights[:20_000])
+    assert os.path.samefile(linked, store.shard_path(0, "model.safetensors", 0))
+    # Evicting the old version leaves the new one whole.
+    _fill(store, d1, v1)
+    assert store.evict(1) == [0]
+    assert store.shard_path(1, "config.json", 0).read_bytes() == (d1 / "config.json").read_bytes()
+
+
+def test_a_partial_version_lends_nothing(tmp_path: Path) -> None:
+    store = VersionStore(tmp_path / "store")
+    _, v0 = _version(tmp_path, 0)
+    store.put_manifest(v0)  # never completed: its shards are not all checked in
+    d1 = tmp_path / "model1"
+    d1.mkdir()
+    (d1 / "config.json").write_text('{"v": 0}')
+    (d1 / "model.safetensors").write_bytes(os.urandom(1000))
+    v1 = sign_manifest(build_manifest(d1, 1, 0, 20_000, TRAINER.address), TRAINER)
+    store.put_manifest(v1)
+    assert len(store.missing_shards(1)) == 2
+
+
+def test_rotted_bytes_are_not_linked(tmp_path: Path) -> None:
+    store = VersionStore(tmp_path / "store")
+    d0, v0 = _version(tmp_path, 0)
+    _fill(store, d0, v0)
+    rotted = store.shard_path(0, "config.json", 0)
+    rotted.write_bytes(rotted.read_bytes().replace(b"0", b"9"))  # bit rot after check-in
+    d1 = tmp_path / "model1"
+    d1.mkdir()
+    (d1 / "config.json").write_bytes((d0 / "config.json").read_bytes())
+    (d1 / "model.safetensors").write_bytes((d0 / "model.safetensors").read_bytes())
+    store.put_manifest(sign_manifest(build_manifest(d1, 1, 0, 20_000, TRAINER.address), TRAINER))
+    assert [(f.name, s.index) for f, s in store.missing_shards(1)] == [("config.json", 0)]
