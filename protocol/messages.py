@@ -79,6 +79,18 @@ class FileEntry(Message):
     shards: list[ShardInfo]
 
 
+class FileDelta(Message):
+    """A cheaper way to one file of a version: the parent version's file plus a delta
+    (libs/shardcast/delta.py). Relays carry the delta like any file; a client holding the
+    parent's file fetches it, rebuilds the file and checks it against the file's signed hash."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]{1,128}$", description="The file it rebuilds.")
+    parent_sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$", description="sha256 of the parent's file it applies to."
+    )
+    delta: FileEntry = Field(description="The delta's own bytes, sharded and hashed.")
+
+
 class Manifest(Versioned):
     """What the trainer signs for each policy version; integrity never depends on relays."""
 
@@ -86,6 +98,10 @@ class Manifest(Versioned):
     parent_version: int | None = Field(default=None, ge=0)
     shard_size: int = Field(gt=0)
     files: list[FileEntry]
+    deltas: list[FileDelta] = Field(
+        default_factory=list,
+        description="Files of this version also offered as deltas against `parent_version`.",
+    )
     model_hash: str = Field(
         pattern=r"^[0-9a-f]{64}$", description="sha256 over the sorted (name, sha256) of files."
     )

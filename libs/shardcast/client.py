@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import shutil
 import ssl
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 
 from prime_swarm.protocol.manifest_signing import ManifestError, verify_manifest
 from prime_swarm.protocol.messages import (
+    FileDelta,
     FileEntry,
     Manifest,
     RelayVersions,
@@ -28,14 +30,15 @@ from prime_swarm.protocol.messages import (
     SignedManifest,
 )
 
-from . import routes
+from . import delta, routes
 from .errors import NotAvailableError, ShardHashError
 from .fetch import ShardTask, fetch_all
-from .manifest import READ_CHUNK, check_layout
+from .manifest import READ_CHUNK, check_layout, delta_for
 from .rawhttp import RawHttp
 from .relays import RelayPool, as_pool
 from .verify import ShardVerifier
 
+log = logging.getLogger("shardcast.client")
 VersionSpec = int | Literal["latest"]
 Progress = Callable[[int, int], None]  # (bytes done, bytes total); called from worker threads
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
@@ -259,11 +262,15 @@ class HeldFiles:
     manifest: Manifest
 
     def source_of(self, f: FileEntry) -> Path | None:
+        return self.file_with(f.name, f.size, f.sha256)
+
+    def file_with(self, name: str, size: int, sha256: str) -> Path | None:
+        """The held file of that name, size and hash, if it is still on disk."""
         for old in self.manifest.files:
-            if (old.name, old.size, old.sha256) == (f.name, f.size, f.sha256):
-                path = self.directory / f.name
+            if (old.name, old.size, old.sha256) == (name, size, sha256):
+                path = self.directory / name
                 try:
-                    return path if path.stat().st_size == f.size else None
+                    return path if path.stat().st_size == size else None
                 except OSError:
                     return None
         return None
@@ -382,12 +389,10 @@ def _download_into(
             progress(now, total)
 
     fds: dict[str, int] = {}
-    try:
+
+    def fetch(files: list[FileEntry]) -> None:
         tasks = []
-        for f in m.files:
-            if _link_held(held, f, staging):
-                done += f.size
-                continue
+        for f in files:
             fd = os.open(staging / f.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             fds[f.name] = fd
             os.ftruncate(fd, f.size)  # sparse: shards may land in any order
@@ -406,11 +411,49 @@ def _download_into(
             wait_s=wait_s,
             raw=raw,
         )
+
+    try:
+        whole: list[FileEntry] = []
+        rebuilds: list[tuple[FileEntry, FileDelta, Path]] = []
+        for f in m.files:
+            if _link_held(held, f, staging):
+                done += f.size
+                continue
+            d = delta_for(m, f.name)
+            parent = held.file_with(f.name, f.size, d.parent_sha256) if held and d else None
+            if d is not None and parent is not None:
+                rebuilds.append((f, d, parent))
+                total += d.delta.size - f.size  # the delta travels instead of the file
+            else:
+                whole.append(f)
+        fetch(whole + [d.delta for _, d, _ in rebuilds])
+        failed = [f for f, d, parent in rebuilds if not _rebuild(f, d, parent, staging)]
+        if failed:  # a delta that does not rebuild the signed file: fetch the file itself
+            total += sum(f.size for f in failed)
+            fetch(failed)
     finally:
         for fd in fds.values():
             os.close(fd)
     if progress is not None and total == 0:
         progress(0, 0)
+
+
+def _rebuild(f: FileEntry, d: FileDelta, parent: Path, staging: Path) -> bool:
+    """Write `f` into `staging` from the held parent file and the fetched (shard-verified)
+    delta, keeping it only if it hashes to the signed `f.sha256`; the delta file goes."""
+    delta_path = staging / d.delta.name
+    try:
+        body = delta.apply(parent.read_bytes(), delta_path.read_bytes())
+        if len(body) != f.size or hashlib.sha256(body).hexdigest() != f.sha256:
+            raise delta.DeltaError(f"{f.name}: rebuilt file differs from the signed one")
+        (staging / f.name).write_bytes(body)
+        return True
+    except (delta.DeltaError, OSError) as exc:
+        log.warning("delta not used, fetching the file: %s", exc)
+        (staging / f.name).unlink(missing_ok=True)
+        return False
+    finally:
+        delta_path.unlink(missing_ok=True)
 
 
 def _link_held(held: HeldFiles | None, f: FileEntry, staging: Path) -> bool:

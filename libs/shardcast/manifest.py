@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from prime_swarm.protocol.manifest_signing import model_hash
-from prime_swarm.protocol.messages import FileEntry, Manifest, ShardInfo
+from prime_swarm.protocol.messages import FileDelta, FileEntry, Manifest, ShardInfo
 
 from .errors import ManifestLayoutError, UnsafeNameError
 
@@ -26,10 +26,25 @@ def check_file_name(name: str) -> str:
     return name
 
 
+def served_files(manifest: Manifest) -> list[FileEntry]:
+    """Every file relays hold for a version: the model's files, then its deltas."""
+    return [*manifest.files, *(d.delta for d in manifest.deltas)]
+
+
+def delta_for(manifest: Manifest, name: str) -> FileDelta | None:
+    return next((d for d in manifest.deltas if d.name == name), None)
+
+
 def check_layout(manifest: Manifest) -> None:
     """Checks that signature verification does not cover: the files can be written side by side."""
+    model_files = {f.name for f in manifest.files}
+    for d in manifest.deltas:
+        if d.name not in model_files or manifest.parent_version is None:
+            raise ManifestLayoutError(f"delta for {d.name!r} rebuilds no file of a child version")
+    if len({d.name for d in manifest.deltas}) != len(manifest.deltas):
+        raise ManifestLayoutError("a file has two deltas")
     seen: set[str] = set()
-    for f in manifest.files:
+    for f in served_files(manifest):
         try:
             check_file_name(f.name)
         except UnsafeNameError as exc:
@@ -48,7 +63,7 @@ def check_layout(manifest: Manifest) -> None:
 
 
 def find_file(manifest: Manifest, name: str) -> FileEntry | None:
-    return next((f for f in manifest.files if f.name == name), None)
+    return next((f for f in served_files(manifest) if f.name == name), None)
 
 
 def iter_shard_bytes(path: Path, shard: ShardInfo, chunk: int = READ_CHUNK) -> Iterator[bytes]:

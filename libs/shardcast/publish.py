@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -11,14 +13,30 @@ import httpx
 from eth_account.signers.local import LocalAccount
 
 from prime_swarm.protocol.manifest_signing import sign_manifest
-from prime_swarm.protocol.messages import FileEntry, RelayVersions, ShardInfo, SignedManifest
+from prime_swarm.protocol.messages import (
+    FileDelta,
+    FileEntry,
+    Manifest,
+    RelayVersions,
+    ShardInfo,
+    SignedManifest,
+)
 
-from . import routes
+from . import delta, routes
 from .client import fetch_manifest, list_versions, make_http_client
 from .errors import PublishError
-from .manifest import DEFAULT_SHARD_SIZE, build_manifest, iter_shard_bytes
+from .manifest import (
+    DEFAULT_SHARD_SIZE,
+    build_manifest,
+    hash_file,
+    iter_shard_bytes,
+    served_files,
+)
 
 RETRY_PAUSE_S = 0.5
+DELTA_MAX_FRACTION = 0.5
+"""A delta larger than this share of its file is not offered: the full file is nearly as cheap
+and clients would rebuild for little gain (fp32 weights after a large step, for one)."""
 
 
 def publish_version(
@@ -33,6 +51,7 @@ def publish_version(
     max_workers: int = 4,
     attempts_per_shard: int = 3,
     http: httpx.Client | None = None,
+    parent_dir: str | Path | None = None,
 ) -> SignedManifest:
     """Upload `model_dir` as `version`; returns once the origin lists it as complete.
 
@@ -40,9 +59,68 @@ def publish_version(
     no-ops, and a version it already holds complete with these very files (a publisher killed
     after the upload, before it recorded success) is returned as it is. Edits to the directory
     during the upload are caught by the origin's hash checks.
+
+    With `parent_dir` (the model directory of `parent_version`), every file that changed but
+    kept its length is also offered as a lossless delta against the parent's file, when the
+    delta is small enough to be worth a second path (`DELTA_MAX_FRACTION`).
     """
     model_dir = Path(model_dir)
     manifest = build_manifest(model_dir, version, parent_version, shard_size, account.address)
+    with tempfile.TemporaryDirectory(prefix="prime-swarm-deltas-") as scratch:
+        sources = {f.name: model_dir / f.name for f in manifest.files}
+        if parent_dir is not None and parent_version is not None:
+            manifest = offer_deltas(manifest, model_dir, Path(parent_dir), Path(scratch))
+            sources.update({d.delta.name: Path(scratch) / d.delta.name for d in manifest.deltas})
+        return _upload(
+            origin_url,
+            manifest,
+            sources,
+            account,
+            timeout,
+            max_workers=max_workers,
+            attempts_per_shard=attempts_per_shard,
+            http=http,
+        )
+
+
+def offer_deltas(manifest: Manifest, model_dir: Path, parent_dir: Path, scratch: Path) -> Manifest:
+    """`manifest` with a delta for each file that changed from `parent_dir`'s and kept its
+    length, written to `scratch` as `<name>.delta`."""
+    names = {f.name for f in manifest.files}
+    offered = []
+    for f in manifest.files:
+        parent_file, name = parent_dir / f.name, f"{f.name}.delta"
+        if name in names or not parent_file.is_file() or parent_file.stat().st_size != f.size:
+            continue
+        old = parent_file.read_bytes()
+        parent_sha = hashlib.sha256(old).hexdigest()
+        if parent_sha == f.sha256:
+            continue  # unchanged: the origin, relays and clients link it from the parent
+        new = (model_dir / f.name).read_bytes()
+        estimate = delta.changed_share(old, new) * delta.BYTES_PER_CHANGED_WORD / 2
+        if estimate > DELTA_MAX_FRACTION:
+            continue  # most words changed (fp32 after a large step): not worth encoding
+        body = delta.encode(old, new)
+        if body is None or len(body) > DELTA_MAX_FRACTION * f.size:
+            continue
+        (scratch / name).write_bytes(body)
+        entry = hash_file(scratch / name, name, manifest.shard_size)
+        offered.append(FileDelta(name=f.name, parent_sha256=parent_sha, delta=entry))
+    return manifest.model_copy(update={"deltas": offered})
+
+
+def _upload(
+    origin_url: str,
+    manifest: Manifest,
+    sources: dict[str, Path],
+    account: LocalAccount,
+    timeout: float,
+    *,
+    max_workers: int,
+    attempts_per_shard: int,
+    http: httpx.Client | None,
+) -> SignedManifest:
+    version = manifest.version
     client = http or make_http_client(timeout, max_connections=max_workers + 2)
     try:
         held = _already_complete(client, origin_url, manifest.model_hash, version, account, timeout)
@@ -61,7 +139,7 @@ def publish_version(
         missing = _missing(reply)
         jobs = [
             (f, s)
-            for f in signed.manifest.files
+            for f in served_files(signed.manifest)
             for s in f.shards
             if missing is None or (f.name, s.index) in missing
         ]
@@ -70,7 +148,12 @@ def publish_version(
             list(
                 ex.map(
                     lambda j: _put_shard(
-                        client, origin_url, model_dir, version, *j, attempts=attempts_per_shard
+                        client,
+                        origin_url,
+                        sources[j[0].name],
+                        version,
+                        *j,
+                        attempts=attempts_per_shard,
                     ),
                     jobs,
                 )
@@ -117,7 +200,7 @@ def _missing(reply: httpx.Response) -> set[tuple[str, int]] | None:
 def _put_shard(
     http: httpx.Client,
     origin: str,
-    model_dir: Path,
+    source: Path,
     version: int,
     entry: FileEntry,
     shard: ShardInfo,
@@ -131,7 +214,7 @@ def _put_shard(
         what=f"{entry.name}#{shard.index}",
         attempts=attempts,
         # A fresh generator per attempt; the explicit length lets the origin refuse early (413).
-        body=lambda: iter_shard_bytes(model_dir / entry.name, shard),
+        body=lambda: iter_shard_bytes(source, shard),
         headers={"Content-Type": "application/octet-stream", "Content-Length": str(shard.size)},
     )
 

@@ -28,7 +28,7 @@ from types import TracebackType
 from prime_swarm.protocol.messages import FileEntry, ShardInfo, SignedManifest
 
 from .errors import ShardcastError, UnsafeNameError
-from .manifest import check_file_name, check_layout, find_file
+from .manifest import check_file_name, check_layout, find_file, served_files
 from .verify import ShardVerifier
 
 _VERSION_DIR = re.compile(r"^v(0|[1-9][0-9]{0,17})$")
@@ -170,13 +170,15 @@ class VersionStore:
         change, and neither the origin's upload nor a relay's pull should move them again.
         The held copy is hashed again first: bytes that rotted on disk since they were checked
         in must not spread to a new version (a local read is far cheaper than the transfer)."""
-        wanted = {(f.name, s.index): s.sha256 for f in signed.manifest.files for s in f.shards}
+        wanted = {
+            (f.name, s.index): s.sha256 for f in served_files(signed.manifest) for s in f.shards
+        }
         version, linked = signed.manifest.version, 0
         for held in reversed(self.versions()):
             old = self.get_manifest(held)
             if held == version or old is None:
                 continue
-            for f in old.manifest.files:
+            for f in served_files(old.manifest):
                 for s in f.shards:
                     key = (f.name, s.index)
                     if wanted.get(key) != s.sha256:
@@ -232,7 +234,7 @@ class VersionStore:
             raise NotHeldError(f"version {version} is not held")
         return [
             (f, s)
-            for f in signed.manifest.files
+            for f in served_files(signed.manifest)
             for s in f.shards
             if not self.has_shard(version, f.name, s.index)
         ]

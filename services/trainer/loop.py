@@ -130,16 +130,20 @@ class Trainer:
         )
 
     def publish(self, version: int) -> None:
-        """Push saved version `version` to the origin and announce it."""
+        """Push saved version `version` to the origin and announce it, with deltas against the
+        version published before it where that is still on disk."""
+        parent = self._last_published if version > 0 else None
+        parent_dir = ckpt.model_dir(self.root, parent) if parent is not None else None
         signed = publish_version(
             self.s.origin_url,
             ckpt.model_dir(self.root, version),
             version=version,
-            parent_version=self._last_published if version > 0 else None,  # shipped before
+            parent_version=parent,  # the version shipped before
             account=self.account,
             shard_size=self.s.shard_size,
             timeout=self.s.http_timeout_s,
             http=self._origin_http,
+            parent_dir=parent_dir if parent_dir is not None and parent_dir.is_dir() else None,
         )
         ann = PolicyAnnouncement(
             version=version,

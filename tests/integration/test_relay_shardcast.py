@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
@@ -28,6 +29,8 @@ from prime_swarm.libs.shardcast import (
     publish_version,
     wait_for_version,
 )
+from prime_swarm.libs.shardcast.client import HeldFiles
+from prime_swarm.libs.shardcast.publish import offer_deltas
 from prime_swarm.protocol.manifest_signing import sign_manifest
 from prime_swarm.protocol.messages import SignedManifest
 
@@ -342,3 +345,66 @@ def test_unchanged_files_are_neither_uploaded_nor_pulled_again(
     assert _received(relay) - at_relay == 1
     out = download_version([relay], 21, work / "dl_v21", trainer.address, timeout_s=5)
     assert _same_tree(second, out)
+
+
+def _served_bytes(url: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("shardcast_bytes_served_total"):
+            return float(line.split()[-1])
+    raise AssertionError("no bytes_served counter")
+
+
+def _rl_step(parent: Path, child: Path, fraction: float, seed: int) -> None:
+    """`child`: `parent` with `fraction` of its weights' 16-bit words changed, as an RL step at
+    a small learning rate leaves bf16 weights; config and tokenizer unchanged."""
+    child.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (child / name).write_bytes((parent / name).read_bytes())
+    words = np.frombuffer((parent / "model.safetensors").read_bytes(), dtype=np.uint16).copy()
+    rng = np.random.default_rng(seed)
+    at = rng.choice(words.size, int(fraction * words.size), replace=False)
+    words[at] ^= 1  # the last mantissa bit: a value rounded the other way
+    (child / "model.safetensors").write_bytes(words.tobytes())
+
+
+def test_a_client_holding_the_parent_fetches_the_delta(
+    work: Path, servers: dict[str, Server], trainer: LocalAccount
+) -> None:
+    origin, relay = servers["origin"].url, servers["relay_a"].url
+    v40 = _model(work, "model_v40", 2_000_000)
+    publish_version(origin, v40, 40, 39, trainer, SHARD, 10.0)
+    v41 = work / "model_v41"
+    _rl_step(v40, v41, 0.01, seed=41)
+    signed = publish_version(origin, v41, 41, 40, trainer, SHARD, 10.0, parent_dir=v40)
+    (offer,) = signed.manifest.deltas
+    assert offer.name == "model.safetensors" and offer.delta.size < 0.03 * 2_000_000
+    wait_for_version(relay, 41, timeout_s=20)
+    held_dir = download_version([relay], 40, work / "held_v40", trainer.address, timeout_s=5)
+    held = HeldFiles(held_dir, fetch_manifest([relay], 40, trainer.address).manifest)
+    before = _served_bytes(relay)
+    out = download_version([relay], 41, work / "dl_v41", trainer.address, timeout_s=5, held=held)
+    assert _same_tree(v41, out)
+    assert _served_bytes(relay) - before < 0.05 * 2_000_000  # the delta and a manifest
+
+    # A client without the parent, or whose parent rotted on disk, gets the full file.
+    out = download_version([relay], 41, work / "dl_v41_full", trainer.address, timeout_s=5)
+    assert _same_tree(v41, out)
+    weights = held_dir / "model.safetensors"
+    weights.write_bytes(bytes(weights.stat().st_size))
+    before = _served_bytes(relay)
+    out = download_version(
+        [relay], 41, work / "dl_v41_rot", trainer.address, timeout_s=5, held=held
+    )
+    assert _same_tree(v41, out)
+    assert _served_bytes(relay) - before > 2_000_000  # the delta did not rebuild: the file came
+
+
+def test_no_delta_where_it_would_not_pay(work: Path, trainer: LocalAccount) -> None:
+    v50 = _model(work, "model_v50", 100_000)
+    v51 = work / "model_v51"
+    _rl_step(v50, v51, 0.9, seed=51)  # most words changed: the full file is as cheap
+    m = build_manifest(v51, 51, 50, SHARD, trainer.address)
+    assert offer_deltas(m, v51, v50, work).deltas == []
+    grown = _model(work, "model_v52", 100_001)  # another length: no delta applies
+    m = build_manifest(grown, 52, 50, SHARD, trainer.address)
+    assert offer_deltas(m, grown, v50, work).deltas == []

@@ -14,7 +14,7 @@ from prime_swarm.libs.shardcast.errors import ManifestLayoutError, UnsafeNameErr
 from prime_swarm.libs.shardcast.manifest import check_file_name, check_layout, iter_shard_bytes
 from prime_swarm.libs.shardcast.verify import ShardVerifier
 from prime_swarm.protocol.manifest_signing import ManifestError, sign_manifest, verify_manifest
-from prime_swarm.protocol.messages import SignedManifest
+from prime_swarm.protocol.messages import FileDelta, SignedManifest
 
 
 def _model_dir(tmp_path: Path, weights: int = 100_000) -> Path:
@@ -117,3 +117,19 @@ def test_layout_refuses_duplicate_and_dot_names(tmp_path: Path) -> None:
         check_layout(m.model_copy(update={"files": [m.files[0], m.files[0]]}))
     with pytest.raises(ManifestLayoutError):
         check_layout(m.model_copy(update={"files": [m.files[0].model_copy(update={"name": ".."})]}))
+
+
+def test_layout_refuses_deltas_that_rebuild_nothing(tmp_path: Path) -> None:
+    m = build_manifest(_model_dir(tmp_path), 1, 0, 10_000, Account.create().address)
+    weights = next(f for f in m.files if f.name == "model.safetensors")
+    body = weights.model_copy(update={"name": "model.safetensors.delta"})
+    offer = FileDelta(name="model.safetensors", parent_sha256="ab" * 32, delta=body)
+    check_layout(m.model_copy(update={"deltas": [offer]}))  # a well-formed offer
+    for bad in (
+        {"deltas": [offer.model_copy(update={"name": "missing.bin"})]},  # no such file
+        {"deltas": [offer], "parent_version": None},  # a delta against no parent
+        {"deltas": [offer, offer]},  # two deltas for one file
+        {"deltas": [offer.model_copy(update={"delta": m.files[0]})]},  # clashes with a file
+    ):
+        with pytest.raises(ManifestLayoutError):
+            check_layout(m.model_copy(update=bad))
