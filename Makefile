@@ -113,3 +113,4 @@ clean:
 # (root). Writes bench/results/shardcast.json; needs wget for the reference clients.
 bench-shardcast: setup
 	$(PY) bench/shardcast_bench.py
+	$(PY) bench/shardcast/delta_bench.py

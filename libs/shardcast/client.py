@@ -18,6 +18,7 @@ from typing import Literal
 
 import certifi
 import httpx
+import numpy as np
 from pydantic import ValidationError
 
 from prime_swarm.protocol.manifest_signing import ManifestError, verify_manifest
@@ -443,10 +444,20 @@ def _rebuild(f: FileEntry, d: FileDelta, parent: Path, staging: Path) -> bool:
     delta, keeping it only if it hashes to the signed `f.sha256`; the delta file goes."""
     delta_path = staging / d.delta.name
     try:
-        body = delta.apply(parent.read_bytes(), delta_path.read_bytes())
-        if len(body) != f.size or hashlib.sha256(body).hexdigest() != f.sha256:
+        # One buffer, no copies and no zero-fill: read the parent into it, patch it in place,
+        # hash it, write it.
+        words = np.empty(-(-f.size // 2), dtype=delta.WORD)
+        words[-1:] = 0  # the pad byte of an odd-sized file
+        buf = memoryview(words).cast("B")
+        view = buf[: f.size]
+        with open(parent, "rb") as fh:
+            if fh.readinto(view) != f.size:
+                raise delta.DeltaError(f"{f.name}: the held parent file is short")
+        delta.apply_in_place(buf, f.size, delta_path.read_bytes())
+        if hashlib.sha256(view).hexdigest() != f.sha256:
             raise delta.DeltaError(f"{f.name}: rebuilt file differs from the signed one")
-        (staging / f.name).write_bytes(body)
+        with open(staging / f.name, "wb") as out:
+            out.write(view)
         return True
     except (delta.DeltaError, OSError) as exc:
         log.warning("delta not used, fetching the file: %s", exc)

@@ -73,17 +73,21 @@ def test_malformed_deltas_are_refused(mangle) -> None:  # noqa: ANN001
 def test_positions_are_bounded_and_checked() -> None:
     old = bytes(1000)
     header = delta._HEADER
+    xors = zlib.compress(delta._split_planes(np.array([1], dtype="<u2")))
     # A "zip bomb" claiming one change: decompression stops at 4 bytes and is refused.
     bomb = zlib.compress(b"\0" * 10_000_000)
-    d = header.pack(delta.MAGIC, len(old), 1, len(bomb)) + bomb + b"\1\0"
+    d = header.pack(delta.MAGIC, len(old), 1, len(bomb), len(xors)) + bomb + xors
     with pytest.raises(delta.DeltaError, match="wrong length"):
         delta.apply(old, d)
     # A gap that walks past the end of the file.
-    gaps = np.array([10_000], dtype="<u4")
-    packed = zlib.compress(delta._split_planes(gaps))
-    d = header.pack(delta.MAGIC, len(old), 1, len(packed)) + packed + b"\1\0"
+    gaps = zlib.compress(delta._split_planes(np.array([10_000], dtype="<u4")))
+    d = header.pack(delta.MAGIC, len(old), 1, len(gaps), len(xors)) + gaps + xors
     with pytest.raises(delta.DeltaError, match="out of range"):
         delta.apply(old, d)
+    # The same with a gap in range applies.
+    gaps = zlib.compress(delta._split_planes(np.array([3], dtype="<u4")))
+    d = header.pack(delta.MAGIC, len(old), 1, len(gaps), len(xors)) + gaps + xors
+    assert delta.apply(old, d) == bytes(4) + b"\1" + bytes(995)
 
 
 def test_the_changed_share_is_estimated_from_samples() -> None:
@@ -92,3 +96,16 @@ def test_the_changed_share_is_estimated_from_samples() -> None:
     old, new = _sparse_change(2_000_000, 1.0)
     assert delta.changed_share(old, new) > 0.99
     assert delta.changed_share(old, old) == 0.0 and delta.changed_share(b"ab", b"abc") == 1.0
+
+
+def test_small_nudges_compress_below_two_bytes_a_change() -> None:
+    """Values nudged across a rounding boundary, as bf16 weights after a small step: the XOR
+    sits in the low bits and the delta costs less than two bytes per changed word."""
+    rng = np.random.default_rng(1)
+    old = rng.integers(0, 2**16, 1_000_000, dtype=np.uint16)
+    new = old.copy()
+    at = np.sort(rng.choice(old.size, 20_000, replace=False))
+    new[at] += rng.choice(np.array([1, 65535], dtype=np.uint16), at.size)  # +-1 ulp
+    d = delta.encode(old.tobytes(), new.tobytes())
+    assert d is not None and delta.apply(old.tobytes(), d) == new.tobytes()
+    assert len(d) < 2 * at.size
