@@ -10,9 +10,10 @@ hold the parent fetch the new version twice from the relays: whole, and by the d
 and checked against the signed hash).
 
 Writes `delta` into bench/results/shardcast.json (other keys kept): `model_params`,
-`bytes_ratio` (delta bytes / full bytes of the weights, the worst version), `per_version`, and
-`loopback_speedup` (clients' time to hold the version, full / delta, on loopback). Timings
-start once the relays hold the version: they measure what a client pays, not the relay tree.
+`bytes_ratio` (delta bytes / full bytes of the weights, the worst version), `per_version`,
+`loopback_speedup` (clients' time to hold the version, full / delta, from relays that hold it)
+and `shaped_speedup` (origin, 2 relays and the clients in network namespaces with tc-shaped
+links: from the publish until every client holds the version, whole / by delta).
 
     python bench/shardcast/delta_bench.py [--steps 3] [--clients 4]
 """
@@ -23,6 +24,7 @@ import argparse
 import json
 import multiprocessing
 import shutil
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -30,9 +32,14 @@ from pathlib import Path
 
 import torch
 from eth_account import Account
+from eth_account.signers.local import LocalAccount
 from safetensors.torch import save_file
 
 from prime_swarm.libs.localnet.relay import RelayProcess
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from shardcast_bench import PY, ROOT, Procs, wait_clients, wait_http, wait_ready  # noqa: E402
+
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hf_backend import HFBackend
@@ -43,6 +50,7 @@ from prime_swarm.libs.rl.grpo import Rollout, grpo_step, make_optimizer
 from prime_swarm.libs.shardcast import delta, download_version, fetch_manifest, publish_version
 from prime_swarm.libs.shardcast.client import HeldFiles, wait_for_version
 from prime_swarm.libs.shardcast.relays import RelayPool
+from shardcast.net import ShapedNamespaces, namespaces_available  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "shardcast.json"
 ARCH = {  # about 113M parameters; the same shape as bench/toploc/cross_device.py's model
@@ -116,11 +124,78 @@ def fetch_all(
     return time.monotonic() - started
 
 
+def shaped_run(
+    work: Path, dirs: list[Path], trainer: LocalAccount, rate_mbit: int, n_clients: int
+) -> dict[str, object]:
+    """origin -> 2 relays -> clients, one network namespace each, every link shaped to
+    `rate_mbit` both ways. The clients hold v0. Timed from the publish: v1 reaches clients
+    fetching by delta (`--held`), then v2 reaches clients fetching whole; each includes the
+    relays pulling the version (the delta's shards first, then the full file)."""
+    clients = [f"client{i}" for i in range(n_clients)]
+    net = ShapedNamespaces(["origin", "relay0", "relay1", *clients], rate_mbit, tag="scd")
+    procs = Procs(work)
+    relay = [PY, "-m", "prime_swarm.services.relay"]
+    common = ["--trainer", trainer.address, "--keep-versions", "3", "--log-level", "WARNING"]
+    net.setup()
+    try:
+        procs.start("origin", net.prefix("origin") + relay + [
+            "origin", "--host", net.host("origin"), "--port", str(net.port("origin")),
+            "--data-dir", str(work / "origin"), *common,
+        ])  # fmt: skip
+        for r in ("relay0", "relay1"):
+            procs.start(r, net.prefix(r) + relay + [
+                "relay", "--host", net.host(r), "--port", str(net.port(r)),
+                "--data-dir", str(work / r), "--parent", net.url("origin"),
+                "--poll-interval", "0.1", "--timeout", "30", *common,
+            ])  # fmt: skip
+        for n in ("origin", "relay0", "relay1"):
+            wait_http(net.url(n) + "/healthz", procs, n)
+        relays = [x for r in ("relay0", "relay1") for x in ("--relay", net.url(r))]
+
+        def distribute(version: int, held: int | None) -> float:
+            started = []
+            for c in clients:
+                cmd = relay + [
+                    "fetch", "--trainer", trainer.address, "--version", str(version),
+                    "--out", str(work / c / f"v{version}"), "--wait", "600", "--timeout", "30",
+                    "--no-progress", *relays,
+                ]  # fmt: skip
+                if held is not None:
+                    cmd += ["--held", str(work / c / f"v{held}"), "--held-version", str(held)]
+                (work / c).mkdir(exist_ok=True)
+                name = f"{c}-v{version}"
+                started.append((name, procs.start(name, net.prefix(c) + cmd)))
+            wait_ready(started, procs)
+            t0 = time.monotonic()
+            parent = ["--parent-version", str(version - 1), "--parent-dir", str(dirs[version - 1])]
+            pub = procs.start(f"publish-v{version}", net.prefix("origin") + [
+                PY, str(ROOT / "bench" / "shardcast" / "publish_ours.py"),
+                "--origin", net.url("origin"), "--model-dir", str(dirs[version]),
+                "--version", str(version), *(parent if version else []),
+            ], extra_env={"SC_BENCH_KEY": trainer.key.hex()})  # fmt: skip
+            total, _ = wait_clients(started, procs, t0, 900, watch=[(f"publish-v{version}", pub)])
+            return total
+
+        distribute(0, None)  # every client holds v0, untimed
+        delta_s = round(distribute(1, 0), 2)
+        full_s = round(distribute(2, None), 2)
+    finally:
+        procs.stop_all()
+        net.teardown()
+    return {
+        "rate_mbit_per_node": rate_mbit,
+        "delta_s": round(delta_s, 2),
+        "full_s": round(full_s, 2),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--rate-mbit", type=int, default=200, help="shaped links, each way")
+    ap.add_argument("--no-shaped", action="store_true", help="skip the tc-shaped run")
     args = ap.parse_args()
     torch.set_num_threads(2)
     trainer = Account.create()
@@ -202,19 +277,28 @@ def main() -> int:
                     shutil.rmtree(work / f"c{i}", ignore_errors=True)
                 print(json.dumps(row), flush=True)
                 per_version.append(row)
-                shutil.rmtree(prev)
                 prev = cur
         finally:
             pool.shutdown(cancel_futures=True)
             for s in servers:
                 s.stop()
+        shaped: dict[str, object] = {}
+        why = "--no-shaped" if args.no_shaped else namespaces_available()
+        if why is None and args.steps >= 2:
+            dirs = [work / "ckpt" / f"v{v}" for v in range(3)]
+            shaped = shaped_run(work / "shaped", dirs, trainer, args.rate_mbit, args.clients)
+            shaped["speedup"] = round(float(shaped["full_s"]) / float(shaped["delta_s"]), 2)
+            print(json.dumps(shaped), flush=True)
+        else:
+            shaped = {"skipped": why or "needs --steps >= 2"}
     ratios = [float(r["bytes_ratio"]) for r in per_version]  # type: ignore[arg-type]
     speedups = [float(r["full_s"]) / float(r["delta_s"]) for r in per_version]  # type: ignore[arg-type]
     section = {
         "model_params": params,
         "bytes_ratio": max(ratios),
         "loopback_speedup": round(min(speedups), 2),
-        "shaped_speedup": None,
+        "shaped_speedup": shaped.get("speedup"),
+        "shaped": shaped,
         "per_version": per_version,
         "config": {
             "arch": ARCH,
@@ -225,9 +309,10 @@ def main() -> int:
             "relays": 2,
             "loss": "GRPO (clipped policy gradient) on sampled reversal-task groups",
         },  # fmt: skip
-        "notes": "loopback times start once both relays hold the version (what a client pays); "
-        "shaped_speedup is not measured yet (the tc-shaped topology of shardcast_bench.py "
-        "does not run the delta path).",
+        "notes": "loopback: clients fetch from relays that already hold the version (what a "
+        "client pays; no bandwidth to save, the rebuild costs about what the transfer does). "
+        "shaped: one namespace per node, tc tbf on every link; timed from the publish until "
+        "every client holds the version, v1 by delta (clients hold v0), v2 whole.",
     }
     result = json.loads(args.out.read_text()) if args.out.exists() else {}
     result["delta"] = section

@@ -1,6 +1,7 @@
 """The trainer's side for the benchmark: sign and upload one checkpoint to our origin.
 
 publish_ours.py --origin URL --model-dir DIR --version 1   (key in SC_BENCH_KEY)
+    [--parent-version 0 --parent-dir DIR]   (also offer deltas against that version)
 """
 
 from __future__ import annotations
@@ -21,11 +22,20 @@ def main() -> int:
     p.add_argument("--model-dir", required=True)
     p.add_argument("--version", type=int, default=1)
     p.add_argument("--shard-size", type=int, default=16 * 1024 * 1024)
+    p.add_argument("--parent-version", type=int, default=None)
+    p.add_argument("--parent-dir", default=None)
     args = p.parse_args()
     account = Account.from_key(os.environ["SC_BENCH_KEY"])
     started = time.monotonic()
     publish_version(
-        args.origin, args.model_dir, args.version, None, account, args.shard_size, timeout=60.0
+        args.origin,
+        args.model_dir,
+        args.version,
+        args.parent_version,
+        account,
+        args.shard_size,
+        timeout=60.0,
+        parent_dir=args.parent_dir,
     )
     print(f"published in {time.monotonic() - started:.2f}s", flush=True)
     return 0

@@ -27,8 +27,9 @@ def check_file_name(name: str) -> str:
 
 
 def served_files(manifest: Manifest) -> list[FileEntry]:
-    """Every file relays hold for a version: the model's files, then its deltas."""
-    return [*manifest.files, *(d.delta for d in manifest.deltas)]
+    """Every file relays hold for a version, deltas first: uploads and relay pulls go in this
+    order, so a client rebuilding from a delta is not kept waiting behind the full file."""
+    return [*(d.delta for d in manifest.deltas), *manifest.files]
 
 
 def delta_for(manifest: Manifest, name: str) -> FileDelta | None:

@@ -14,9 +14,10 @@ from prime_swarm.libs.shardcast import (
     RelayPool,
     ShardcastError,
     download_version,
+    fetch_manifest,
     wait_for_manifest,
 )
-from prime_swarm.libs.shardcast.client import make_http_client
+from prime_swarm.libs.shardcast.client import HeldFiles, make_http_client
 
 
 class ProgressBar:
@@ -95,6 +96,14 @@ def add_parser(modes: argparse._SubParsersAction) -> None:  # type: ignore[type-
         help="parallel shard transfers (default: %(default)s)",
     )
     p.add_argument(
+        "--held",
+        type=Path,
+        metavar="DIR",
+        help="a directory holding an earlier version (--held-version), fetched before: files "
+        "it shares with the new version are linked, and deltas against it are used",
+    )
+    p.add_argument("--held-version", type=int, metavar="N", help="the version --held holds")
+    p.add_argument(
         "--no-progress", dest="progress", action="store_false", help="no progress bar on stderr"
     )
 
@@ -105,7 +114,15 @@ def run(args: argparse.Namespace) -> int:
     progress = ProgressBar(sys.stderr) if args.progress else None
     http = make_http_client(args.timeout, max_connections=max(8, 2 * args.workers))
     started = time.monotonic()
+    if (args.held is None) != (args.held_version is None):
+        print("prime-relay fetch: --held and --held-version go together", file=sys.stderr)
+        return 2
     try:
+        held = None
+        if args.held is not None:
+            # The held version's own signed manifest says what its files are.
+            old = fetch_manifest(pool, args.held_version, args.trainer, args.timeout, http=http)
+            held = HeldFiles(args.held, old.manifest)
         manifest = None
         if isinstance(version, int) and args.wait > 0:
             print(
@@ -125,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
             manifest=manifest,
             overwrite=args.overwrite,
+            held=held,
         )
     except (NotAvailableError, ShardcastError, FileExistsError, ValueError) as exc:
         print(f"prime-relay fetch: {exc}", file=sys.stderr)

@@ -7,6 +7,7 @@ mid-broadcast, several parents, the `?wait=` bound, and the `prime-relay fetch` 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -226,3 +227,29 @@ def test_fetch_command_shows_progress_and_refuses_forged_relay(
         timeout=60,
     )
     assert gone.returncode == 1 and "not held" in gone.stderr
+    # Holding version 3, version 4 comes as a delta: a few changed bytes, not the file.
+    v4 = tmp_path / "m4"
+    shutil.copytree(model, v4)
+    weights = bytearray((v4 / "model.safetensors").read_bytes())
+    weights[1000:1010] = bytes(10)
+    (v4 / "model.safetensors").write_bytes(weights)
+    signed = publish_version(origin.url, v4, 4, 3, trainer, SHARD, 10.0, parent_dir=model)
+    assert [d.name for d in signed.manifest.deltas] == ["model.safetensors"]
+    held = ["--held", str(tmp_path / "out"), "--held-version", "3"]
+    new = subprocess.run(
+        [*cmd, trainer.address, "--relay", origin.url, "--version", "4", *held]
+        + ["--out", str(tmp_path / "out4"), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert new.returncode == 0, new.stderr
+    assert _same(v4, tmp_path / "out4")
+    half = subprocess.run(
+        [*cmd, trainer.address, "--relay", origin.url, "--held", str(tmp_path / "out")]
+        + ["--out", str(tmp_path / "out5"), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert half.returncode == 2 and "--held-version" in half.stderr
