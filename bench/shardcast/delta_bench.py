@@ -133,6 +133,7 @@ def shaped_run(
     relays pulling the version (the delta's shards first, then the full file)."""
     clients = [f"client{i}" for i in range(n_clients)]
     net = ShapedNamespaces(["origin", "relay0", "relay1", *clients], rate_mbit, tag="scd")
+    work.mkdir(parents=True, exist_ok=True)
     procs = Procs(work)
     relay = [PY, "-m", "prime_swarm.services.relay"]
     common = ["--trainer", trainer.address, "--keep-versions", "3", "--log-level", "WARNING"]
