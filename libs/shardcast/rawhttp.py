@@ -70,12 +70,18 @@ class RawHttp:
             buf = self._local.buf = bytearray(RECV_BUFFER)
         return buf
 
-    def _checkout(self, key: tuple[str, int]) -> tuple[_Conn, bool]:
+    def _checkout(self, key: tuple[str, int], fresh: bool = False) -> tuple[_Conn, bool]:
         with self._lock:
             idle = self._idle.get(key)
-            if idle:
+            if idle and not fresh:
                 return idle.pop(), True
         return _Conn(key[0], key[1], self.timeout_s), False
+
+    def _drop_idle(self, key: tuple[str, int]) -> None:
+        with self._lock:
+            stale = self._idle.pop(key, [])
+        for c in stale:
+            c.close()
 
     def _checkin(self, key: tuple[str, int], conn: _Conn) -> None:
         with self._lock:
@@ -103,7 +109,7 @@ class RawHttp:
         head = f"GET {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
         head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
         for attempt in (0, 1):
-            conn, reused = self._checkout(key)
+            conn, reused = self._checkout(key, fresh=attempt > 0)
             try:
                 conn.sock.settimeout(read_timeout_s or self.timeout_s)
                 conn.sock.sendall(head.encode("latin-1"))
@@ -111,7 +117,12 @@ class RawHttp:
             except (OSError, RawHttpError):
                 conn.close()
                 if reused and attempt == 0:
-                    continue  # a keep-alive connection the server had closed: one fresh retry
+                    # A keep-alive connection the server had closed (idle past its keep-alive
+                    # timeout, as between two policy versions): its siblings idled as long, so
+                    # they go too, and the retry opens a fresh one. Retrying on another idle
+                    # one failed the same way and cost a backoff per shard.
+                    self._drop_idle(key)
+                    continue
                 raise
             break
         ok = False
