@@ -316,11 +316,16 @@ def test_origin_and_relay_evict_beyond_k(
     assert httpx.get(origin + "/v1/versions").json()["latest"] == 3
 
 
-def _received(url: str) -> float:
+def _metric(url: str, name: str) -> float:
+    """A counter from the relay's /metrics."""
     for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith("shardcast_shards_received_total"):
+        if line.startswith(name + " "):
             return float(line.split()[-1])
-    raise AssertionError("no shards_received counter")
+    raise AssertionError(f"no {name} at {url}")
+
+
+def _received(url: str) -> float:
+    return _metric(url, "shardcast_shards_received_total")
 
 
 def test_unchanged_files_are_neither_uploaded_nor_pulled_again(
@@ -348,10 +353,7 @@ def test_unchanged_files_are_neither_uploaded_nor_pulled_again(
 
 
 def _served_bytes(url: str) -> float:
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith("shardcast_bytes_served_total"):
-            return float(line.split()[-1])
-    raise AssertionError("no bytes_served counter")
+    return _metric(url, "shardcast_bytes_served_total")
 
 
 def _rl_step(parent: Path, child: Path, fraction: float, seed: int) -> None:
