@@ -127,7 +127,9 @@ def live_pool(
         proc.wait_http(f"{url}/healthz", timeout_s=30)
         yield pool
     finally:
-        proc.stop()
+        # pool.process, not proc: a test that restarted the orchestrator holds a new one, and
+        # stopping the first left the second running after every `make test`.
+        pool.process.stop()
         r.close()
 
 
