@@ -16,7 +16,6 @@ manifest never exists.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -164,7 +163,7 @@ class VersionStore:
             self._link_unchanged(signed)
             return True
 
-    def _link_unchanged(self, signed: SignedManifest) -> int:
+    def _link_unchanged(self, signed: SignedManifest) -> None:
         """Hard-link every shard of `signed` that a complete held version has byte for byte
         (same file, index and hash): most files of a policy version (config, tokenizer) never
         change, and neither the origin's upload nor a relay's pull should move them again.
@@ -173,7 +172,7 @@ class VersionStore:
         wanted = {
             (f.name, s.index): s.sha256 for f in served_files(signed.manifest) for s in f.shards
         }
-        version, linked = signed.manifest.version, 0
+        version = signed.manifest.version
         for held in reversed(self.versions()):
             old = self.get_manifest(held)
             if held == version or old is None:
@@ -184,7 +183,7 @@ class VersionStore:
                     if wanted.get(key) != s.sha256:
                         continue
                     source = self.shard_path(held, f.name, s.index)
-                    if _file_sha256(source) != s.sha256:
+                    if not _holds(source, s):
                         continue  # missing (evicted meanwhile) or rotted: fetched as usual
                     target = self.shard_path(version, f.name, s.index)
                     target.parent.mkdir(parents=True, exist_ok=True)
@@ -195,10 +194,8 @@ class VersionStore:
                     except FileNotFoundError:
                         continue
                     del wanted[key]
-                    linked += 1
             if not wanted:
                 break
-        return linked
 
     # ------------------------------------------------------------ shards
 
@@ -313,15 +310,17 @@ class VersionStore:
             tmp.unlink(missing_ok=True)
 
 
-def _file_sha256(path: Path) -> str | None:
-    digest = hashlib.sha256()
+def _holds(path: Path, shard: ShardInfo) -> bool:
+    """Whether `path` still holds exactly `shard`'s bytes (the check every write goes through)."""
+    verifier = ShardVerifier(shard)
     try:
         with open(path, "rb") as f:
             while chunk := f.read(1 << 20):
-                digest.update(chunk)
-    except FileNotFoundError:
-        return None
-    return digest.hexdigest()
+                verifier.update(chunk)
+        verifier.finish()
+    except (FileNotFoundError, ShardcastError):
+        return False
+    return True
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

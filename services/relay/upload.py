@@ -30,14 +30,18 @@ def _declared_length(request: Request) -> int | None:
         raise HTTPException(400, "malformed Content-Length") from None
 
 
-def _after_write(state: RelayState, version: int) -> dict[str, object]:
+def _after_write(state: RelayState, version: int, list_missing: bool = False) -> dict[str, object]:
     complete = state.store.mark_complete(version)
     if complete:
         evicted = state.store.evict(state.settings.keep_versions)
         if evicted:
             log.info("evicted versions %s", evicted, extra={"evicted": evicted})
-    missing = 0 if complete else len(state.store.missing_shards(version))
-    return {"version": version, "complete": complete, "missing_shards": missing}
+    missing = [] if complete else state.store.missing_shards(version)
+    reply: dict[str, object] = {"version": version, "complete": complete}
+    reply["missing_shards"] = len(missing)
+    if list_missing:  # the uploader skips what the store linked from an earlier version
+        reply["missing"] = [[f.name, s.index] for f, s in missing]
+    return reply
 
 
 @router.put("/v1/versions/{version}/manifest", status_code=200)
@@ -74,10 +78,7 @@ async def put_manifest(
         raise HTTPException(409, str(exc)) from None
     if new:
         log.info("manifest of version %s accepted", version, extra={"version": version})
-    reply = _after_write(state, version)
-    # The shards still to upload: the store linked those an earlier version holds unchanged.
-    reply["missing"] = [[f.name, s.index] for f, s in state.store.missing_shards(version)]
-    return reply
+    return _after_write(state, version, list_missing=True)
 
 
 @router.put("/v1/versions/{version}/files/{name}/shards/{index}")
