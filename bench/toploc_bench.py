@@ -176,6 +176,7 @@ def new_lease(rng: random.Random) -> Lease:
         lease_id=f"lease-{_lease_no}",
         worker=WORKER,
         pool_id=1,
+        work_id=0,
         env=ENV.name,
         task_id=task.task_id,
         prompt=task.prompt,

@@ -112,6 +112,7 @@ ORCHESTRATOR_KEYS = tuple(
                 orch_state.LEASE,
                 orch_state.OPEN_LEASES,
                 orch_state.SUBMITTED,
+                orch_state.WORK_IDS,
                 orch_state.REISSUED,
                 orch_state.WORKER_INFO,
                 orch_state.SUBMITS_PER_MINUTE,
@@ -126,9 +127,9 @@ ORCHESTRATOR_COMMANDS = (
     "zadd", "zrem", "zcard", "zcount", "zrangebyscore", "zremrangebyscore",
     "hset", "hdel", "hexists", "hlen", "hincrby", "hgetall", "hmget", "hscan",
     "zrevrange", "zscore",
-    # The rate limiter's Lua script (RateLimiter): redis-py runs it by EVALSHA and loads it on
-    # NOSCRIPT. The script's own TIME/GET/SET calls are checked against this same user, so a
-    # script can touch nothing the orchestrator could not.
+    # The Lua scripts (RateLimiter, LeaseBook's work ids): redis-py runs them by EVALSHA and
+    # loads them on NOSCRIPT. Their own calls are checked against this same user, so a script
+    # can touch nothing the orchestrator could not.
     "evalsha", "script|load", "time",
 )  # fmt: skip
 

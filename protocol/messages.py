@@ -212,6 +212,12 @@ class Lease(Versioned):
     lease_id: str
     worker: Address
     pool_id: int
+    work_id: int = Field(
+        ge=0,
+        lt=2**128,
+        description="The orchestrator's sequence number of this worker's leases: the item's "
+        "name on the ledger, where consecutive ids share one storage slot.",
+    )
     env: str
     task_id: str
     prompt: str

@@ -22,7 +22,12 @@ from eth_utils import is_address, to_checksum_address
 
 from prime_swarm.libs.cli import new_parser
 
-from .deployment import DEFAULT_SLASH_BPS, DEFAULT_UNBONDING_BLOCKS, load_deployment
+from .deployment import (
+    DEFAULT_CHALLENGE_BLOCKS,
+    DEFAULT_SLASH_BPS,
+    DEFAULT_UNBONDING_BLOCKS,
+    load_deployment,
+)
 from .errors import ChainError, KeyFileError
 
 if TYPE_CHECKING:
@@ -182,6 +187,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         _account(args),
         slash_bps=args.slash_bps,
         unbonding_blocks=args.unbonding_blocks,
+        challenge_blocks=args.challenge_blocks,
         timeout=args.timeout,
     )
     write_deployment(args.out, deployment)
@@ -192,9 +198,30 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 def cmd_create_pool(args: argparse.Namespace) -> int:
     new_id = _client(args, signer=True).create_pool(
-        args.orchestrator_url, args.min_stake, args.reward_per_unit, args.trainer
+        args.orchestrator_url,
+        args.min_stake,
+        args.reward_per_unit,
+        args.trainer,
+        activate=not args.pending,
     )
+    state = "pending: set its slash policy, then `activate-pool`" if args.pending else "active"
+    print(f"pool {new_id} created, {state}", file=sys.stderr)
     print(new_id)
+    return 0
+
+
+def cmd_activate_pool(args: argparse.Namespace) -> int:
+    _client(args, signer=True).activate_pool(args.pool)
+    return 0
+
+
+def cmd_end_pool(args: argparse.Namespace) -> int:
+    _client(args, signer=True).end_pool(args.pool)
+    return 0
+
+
+def cmd_set_slash_policy(args: argparse.Namespace) -> int:
+    _client(args, signer=True).set_slash_policy(args.pool, args.reporter_bps, args.burn)
     return 0
 
 
@@ -225,29 +252,106 @@ def cmd_fund_pool(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pool_data(client: LedgerClient, pool_id: int) -> dict[str, object]:
+    pool = client.get_pool(pool_id)
+    return {
+        **asdict(pool),
+        "status": pool.status.name.lower(),
+        "batches": client.batch_count(pool_id),
+        "burnt": client.burnt(pool_id),
+        "challenge_blocks": client.challenge_blocks(),
+        "unbonding_blocks": client.unbonding_blocks(),
+    }
+
+
+def _worker_data(client: LedgerClient, pool_id: int, worker: str) -> dict[str, object]:
+    client.get_pool(pool_id)  # an unknown pool is an error, not a row of zeros
+    rewards = client.rewards(pool_id, worker)
+    return {
+        "pool_id": pool_id,
+        "worker": worker,
+        "is_member": client.is_member(pool_id, worker),
+        "is_validator": client.is_validator(pool_id, worker),
+        "stake": client.stake_of(pool_id, worker),
+        "unbonding_until": client.unbonding_until(pool_id, worker),
+        "reward_balance": rewards.total,
+        "rewards_claimable": rewards.claimable,
+        "rewards_pending": rewards.pending,
+        "work_units": client.work_units(pool_id, worker),
+        "work_id_floor": client.work_id_floor(pool_id, worker),
+        "native_balance": client.balance_of(worker),
+    }
+
+
 def cmd_pool_info(args: argparse.Namespace) -> int:
-    _print_json(asdict(_client(args, signer=False).get_pool(args.pool)))
+    _print_json(_pool_data(_client(args, signer=False), args.pool))
     return 0
 
 
 def cmd_balances(args: argparse.Namespace) -> int:
-    client = _client(args, signer=False)
-    client.get_pool(args.pool)  # an unknown pool is an error, not a row of zeros
-    pid, worker = args.pool, args.worker
-    _print_json(
-        {
-            "pool_id": pid,
-            "worker": worker,
-            "is_member": client.is_member(pid, worker),
-            "is_validator": client.is_validator(pid, worker),
-            "stake": client.stake_of(pid, worker),
-            "unbonding_until": client.unbonding_until(pid, worker),
-            "reward_balance": client.reward_balance(pid, worker),
-            "work_units": client.work_units(pid, worker),
-            "native_balance": client.balance_of(worker),
-        }
-    )
+    _print_json(_worker_data(_client(args, signer=False), args.pool, args.worker))
     return 0
+
+
+def cmd_pool_status(args: argparse.Namespace) -> int:
+    """The pool for a person: the same facts as `pool-info`, amounts in ETH."""
+    from .units import eth
+
+    client = _client(args, signer=False)
+    p = client.get_pool(args.pool)
+    slash_to = "burnt" if p.burn_slashed else "to the pool's funds"
+    rows = [
+        ("status", p.status.name.lower()),
+        ("owner", p.owner),
+        ("orchestrator", p.orchestrator_url),
+        ("trainer", p.trainer),
+        ("min stake", eth(p.min_stake)),
+        ("reward per unit", eth(p.reward_per_unit)),
+        ("funds", eth(p.funds)),
+        ("attested", f"{p.total_attested_units} units in {client.batch_count(args.pool)} batches"),
+        ("slashes", f"{p.reporter_bps / 100:g} % to the reporter, the rest {slash_to}"),
+        ("burnt", eth(client.burnt(args.pool))),
+        ("challenge window", f"{client.challenge_blocks()} blocks"),
+        ("unbonding", f"{client.unbonding_blocks()} blocks"),
+    ]
+    _print_rows(f"pool {args.pool}", rows)
+    return 0
+
+
+def cmd_worker_status(args: argparse.Namespace) -> int:
+    """A worker for a person: the same facts as `balances`, amounts in ETH."""
+    from .units import eth
+
+    client = _client(args, signer=False)
+    pool_id, worker = args.pool, args.worker
+    client.get_pool(pool_id)
+    rewards = client.rewards(pool_id, worker)
+    until = client.unbonding_until(pool_id, worker)
+    if client.is_member(pool_id, worker):
+        membership = "member"
+    elif until:
+        membership = f"left; stake withdrawable from block {until}"
+    else:
+        membership = "not a member"
+    if client.is_validator(pool_id, worker):
+        membership += " (and a validator)"
+    rows = [
+        ("membership", membership),
+        ("stake", eth(client.stake_of(pool_id, worker))),
+        ("work units", str(client.work_units(pool_id, worker))),
+        ("rewards", f"{eth(rewards.claimable)} claimable, {eth(rewards.pending)} in the window"),
+        ("next work id", str(client.work_id_floor(pool_id, worker))),
+        ("wallet", eth(client.balance_of(worker))),
+    ]
+    _print_rows(f"worker {worker} in pool {pool_id}", rows)
+    return 0
+
+
+def _print_rows(title: str, rows: Sequence[tuple[str, object]]) -> None:
+    width = max(len(k) for k, _ in rows)
+    print(title)
+    for key, value in rows:
+        print(f"  {key:<{width}}  {value}")
 
 
 # --- parser -----------------------------------------------------------------------------------
@@ -260,9 +364,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(
-        name: str, handler: Callable[[argparse.Namespace], int], help: str
+        name: str,
+        handler: Callable[[argparse.Namespace], int],
+        help: str,
+        aliases: Sequence[str] = (),
     ) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
+        p = sub.add_parser(name, help=help, description=help, aliases=list(aliases))
         p.set_defaults(handler=handler)
         return p
 
@@ -293,6 +400,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     p.add_argument(
+        "--challenge-blocks",
+        type=blocks,
+        default=None,
+        help="blocks an attestation can be disputed for, after which its rewards can be claimed; "
+        f"at most --unbonding-blocks (default: {DEFAULT_CHALLENGE_BLOCKS}, or the unbonding "
+        "period if shorter)",
+    )
+    p.add_argument(
         "--timeout", type=float, default=120.0, help="receipt timeout, s (default: %(default)s)"
     )
     _add_key_options(p)
@@ -305,6 +420,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--trainer", type=address, required=True, help="address that signs the policy manifests"
     )
+    p.add_argument(
+        "--pending",
+        action="store_true",
+        help="leave the pool pending (no joins) to set its slash policy first; then activate-pool",
+    )
+    _add_key_options(p)
+
+    for name, handler, text in (
+        ("activate-pool", cmd_activate_pool, "open a pending pool to workers"),
+        ("end-pool", cmd_end_pool, "stop joins; leased work is still attested and paid"),
+    ):
+        p = command(name, handler, text)
+        _add_deployment_options(p)
+        p.add_argument("--pool", type=pool_id, required=True)
+        _add_key_options(p)
+
+    p = command(
+        "set-slash-policy", cmd_set_slash_policy, "where slashed stake goes (pending pools only)"
+    )
+    _add_deployment_options(p)
+    p.add_argument("--pool", type=pool_id, required=True)
+    p.add_argument(
+        "--reporter-bps", type=bps, required=True, help="share for the reporting validator"
+    )
+    p.add_argument("--burn", action="store_true", help="burn the rest instead of funding the pool")
     _add_key_options(p)
 
     p = command("set-orchestrator-url", cmd_set_orchestrator_url, "change a pool's URL")
@@ -319,11 +459,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trainer", type=address, required=True)
     _add_key_options(p)
 
-    for name, handler, text in (
-        ("register-validator", cmd_register_validator, "let an address attest and slash"),
-        ("remove-validator", cmd_remove_validator, "revoke a validator"),
+    for name, handler, text, aliases in (
+        (
+            "register-validator",
+            cmd_register_validator,
+            "let an address attest and slash",
+            ["add-validator"],
+        ),
+        ("remove-validator", cmd_remove_validator, "revoke a validator", []),
     ):
-        p = command(name, handler, text)
+        p = command(name, handler, text, aliases)
         _add_deployment_options(p)
         p.add_argument("--pool", type=pool_id, required=True)
         p.add_argument("--validator", type=address, required=True)
@@ -340,6 +485,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", type=pool_id, required=True)
 
     p = command("balances", cmd_balances, "print a worker's stake and rewards as JSON")
+    _add_deployment_options(p)
+    p.add_argument("--pool", type=pool_id, required=True)
+    p.add_argument("--worker", type=address, required=True)
+
+    p = command("pool-status", cmd_pool_status, "show a pool: state, funds, work, rules")
+    _add_deployment_options(p)
+    p.add_argument("--pool", type=pool_id, required=True)
+
+    p = command("worker-status", cmd_worker_status, "show a worker: stake, work, rewards")
     _add_deployment_options(p)
     p.add_argument("--pool", type=pool_id, required=True)
     p.add_argument("--worker", type=address, required=True)

@@ -7,6 +7,7 @@ is the contract's revert string (e.g. "not a validator").
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,29 +18,33 @@ from web3.contract import Contract
 from web3.logs import DISCARD
 from web3.types import BlockIdentifier, EventData, TxReceipt
 
+from . import merkle
 from .artifacts import LEDGER_CONTRACT, load_artifact
 from .deployment import Deployment, load_deployment
-from .errors import ChainError
+from .errors import ChainError, ChainRevert
 from .models import (
+    AttestedBatch,
     AttestResult,
+    BatchInfo,
     LeaveResult,
     Pool,
+    PoolStatus,
+    Rewards,
     SkippedWork,
     SkipReason,
     SlashResult,
     TxInfo,
     Work,
-    WorkAttestedEvent,
+    WorkCreditedEvent,
     WorkerSlashedEvent,
-    WorkStatus,
-    as_work_key,
 )
 from .transactions import Buildable, TxSender, chain_errors, make_web3
 
 T = TypeVar("T")
 
 # Mirrors MAX_BATCH in SwarmLedger.vy; longer batches are split into several transactions.
-MAX_BATCH = 64
+MAX_BATCH = 256
+BPS = 10_000
 
 
 def to_address(value: str) -> str:
@@ -103,10 +108,17 @@ class LedgerClient:
     # --- pools ------------------------------------------------------------------------------
 
     def create_pool(
-        self, orchestrator_url: str, min_stake: int, reward_per_unit: int, trainer: str
+        self,
+        orchestrator_url: str,
+        min_stake: int,
+        reward_per_unit: int,
+        trainer: str,
+        *,
+        activate: bool = True,
     ) -> int:
         """Open a pool owned by this client's account, its policies signed by `trainer`;
-        returns the new pool id."""
+        returns the new pool id. The contract opens it PENDING; `activate` (the default, what
+        a pool that needs no further setup wants) makes it ACTIVE in a second transaction."""
         receipt = self._send(
             self.contract.functions.create_pool(
                 orchestrator_url, min_stake, reward_per_unit, to_address(trainer)
@@ -114,7 +126,26 @@ class LedgerClient:
             "create_pool",
         )
         (event,) = self._events_in(receipt, "PoolCreated")
-        return int(event["args"]["pool_id"])
+        pool_id = int(event["args"]["pool_id"])
+        if activate:
+            self.activate_pool(pool_id)
+        return pool_id
+
+    def activate_pool(self, pool_id: int) -> TxInfo:
+        """PENDING -> ACTIVE: workers may join and work is attested (pool owner only)."""
+        return self._tx(self.contract.functions.activate_pool(pool_id), "activate_pool")
+
+    def end_pool(self, pool_id: int) -> TxInfo:
+        """No more joins; leased work is still attested and paid (pool owner only)."""
+        return self._tx(self.contract.functions.end_pool(pool_id), "end_pool")
+
+    def set_slash_policy(self, pool_id: int, reporter_bps: int, burn_slashed: bool) -> TxInfo:
+        """Share of each slash for the reporting validator, and whether the rest is burnt
+        rather than added to the pool's funds (pool owner, PENDING pools only)."""
+        return self._tx(
+            self.contract.functions.set_slash_policy(pool_id, reporter_bps, burn_slashed),
+            "set_slash_policy",
+        )
 
     def set_orchestrator_url(self, pool_id: int, orchestrator_url: str) -> TxInfo:
         return self._tx(
@@ -135,6 +166,9 @@ class LedgerClient:
         owner, url, min_stake, reward_per_unit, trainer = self._call(
             "pool", lambda f: f.pool(pool_id)
         )
+        status, funds, reporter_bps, burn = self._call(
+            "pool_state", lambda f: f.pool_state(pool_id)
+        )
         return Pool(
             pool_id=pool_id,
             owner=owner,
@@ -142,8 +176,11 @@ class LedgerClient:
             trainer=trainer,
             min_stake=min_stake,
             reward_per_unit=reward_per_unit,
-            funds=self.pool_funds(pool_id),
+            funds=funds,
             total_attested_units=self.attested_units(pool_id),
+            status=PoolStatus(status),
+            reporter_bps=reporter_bps,
+            burn_slashed=burn,
         )
 
     def pool_count(self) -> int:
@@ -157,6 +194,9 @@ class LedgerClient:
 
     def unbonding_blocks(self) -> int:
         return self._call("UNBONDING_BLOCKS", lambda f: f.UNBONDING_BLOCKS())
+
+    def challenge_blocks(self) -> int:
+        return self._call("CHALLENGE_BLOCKS", lambda f: f.CHALLENGE_BLOCKS())
 
     # --- stakes -----------------------------------------------------------------------------
 
@@ -232,60 +272,174 @@ class LedgerClient:
     # --- work -------------------------------------------------------------------------------
 
     def attest_work(self, pool_id: int, work: Sequence[Work]) -> AttestResult:
-        """Attest verified work, MAX_BATCH entries per transaction.
+        """Attest verified work, sorted by (worker, work id) so that each worker costs one
+        credit and one bitmap write per batch, MAX_BATCH items per transaction.
 
-        Entries whose key is already attested or slashed, or whose worker is not a member, are
-        skipped by the contract (not an error) and listed in `AttestResult.skipped`; so a retry
-        after a lost receipt is safe. If a later transaction of a long list fails, the earlier
-        ones stay on chain; retrying the whole list is again safe.
+        Items already settled, or whose worker is not a member, are skipped by the contract
+        (not an error) and listed in `AttestResult.skipped`; so a retry after a lost receipt is
+        safe. If a later transaction of a long list fails, the earlier ones stay on chain;
+        retrying the whole list is again safe.
         """
-        entries = [self._checked_work(w) for w in work]
+        entries = sorted(
+            (self._checked_work(w) for w in work), key=lambda w: (w.worker.lower(), w.work_id)
+        )
         attested: list[Work] = []
         skipped: list[SkippedWork] = []
-        txs: list[TxInfo] = []
+        batches: list[AttestedBatch] = []
         for start in range(0, len(entries), MAX_BATCH):
-            batch = entries[start : start + MAX_BATCH]
+            chunk = entries[start : start + MAX_BATCH]
             receipt = self._send(
                 self.contract.functions.attest_work(
                     pool_id,
-                    [w.worker for w in batch],
-                    [w.work_key for w in batch],
-                    [w.units for w in batch],
+                    [w.worker for w in chunk],
+                    [w.work_id for w in chunk],
+                    [w.units for w in chunk],
                 ),
                 "attest_work",
             )
-            txs.append(_tx_info(receipt))
-            for ev in self._events_in(receipt, "WorkAttested"):
-                a = ev["args"]
-                attested.append(Work(a["worker"], bytes(a["work_key"]), a["units"]))
-            for ev in self._events_in(receipt, "WorkSkipped"):
-                a = ev["args"]
-                skipped.append(
-                    SkippedWork(a["worker"], bytes(a["work_key"]), SkipReason(a["reason"]))
+            missed = self._skipped_in(receipt)
+            skipped.extend(missed)
+            credited = _without(chunk, missed)
+            attested.extend(credited)
+            for ev in self._events_in(receipt, "BatchAttested"):
+                batches.append(
+                    AttestedBatch(
+                        batch_id=int(ev["args"]["batch_id"]),
+                        root=bytes(ev["args"]["root"]),
+                        items=credited,
+                        tx=_tx_info(receipt),
+                    )
                 )
-        return AttestResult(attested=attested, skipped=skipped, txs=txs)
+        return AttestResult(attested=attested, skipped=skipped, batches=batches)
 
-    def slash(self, pool_id: int, worker: str, work_key: bytes | str, reason: str) -> SlashResult:
-        """Slash `worker` for the work behind `work_key`; reverts if the key is already used.
+    def slash(
+        self, pool_id: int, worker: str, work_id: int, reason: str, amount: int | None = None
+    ) -> SlashResult:
+        """Slash `worker` for rejected item `work_id`; reverts if the item is already settled.
 
-        `reason` is cut to the contract's 64 bytes (at a character boundary): a verdict must not
-        fail to land because its explanation is long.
+        `amount` defaults to the largest share the ledger allows (SLASH_BPS of the stake as it
+        is now), re-read once if another slash lowered the stake in between. `reason` is cut to
+        the contract's 64 bytes (at a character boundary): a verdict must not fail to land
+        because its explanation is long.
         """
-        short = reason.encode()[:64].decode(errors="ignore")
-        receipt = self._send(
-            self.contract.functions.slash(pool_id, to_address(worker), _key(work_key), short),
-            "slash",
-        )
-        (event,) = self._events_in(receipt, "WorkerSlashed")
-        return SlashResult(amount=int(event["args"]["amount"]), tx=_tx_info(receipt))
+        worker = to_address(worker)
+        for attempt in range(2):
+            share = self._slash_amount(pool_id, worker) if amount is None else amount
+            call = self.contract.functions.slash(pool_id, worker, work_id, share, _short(reason))
+            try:
+                receipt = self._send(call, "slash")
+            except ChainRevert as exc:
+                if amount is None and attempt == 0 and (exc.reason or "").startswith("slash "):
+                    continue  # the stake moved between our read and the send
+                raise
+            return _slash_result(self._events_in(receipt, "WorkerSlashed"), receipt)
+        raise AssertionError("unreachable")
 
-    def work_status(self, pool_id: int, work_key: bytes | str) -> WorkStatus:
-        return WorkStatus(
-            self._call("work_status", lambda f: f.work_status(pool_id, _key(work_key)))
+    def _slash_amount(self, pool_id: int, worker: str) -> int:
+        return self.stake_of(pool_id, worker) * self.slash_bps() // BPS
+
+    def dispute(
+        self,
+        pool_id: int,
+        batch_id: int,
+        item: Work,
+        proof: Sequence[bytes],
+        reason: str,
+        amount: int | None = None,
+    ) -> SlashResult:
+        """Reverse attested `item` of batch `batch_id` inside its challenge window (its units
+        and reward are taken back) and slash its worker; `proof` is `merkle.proof` of the item
+        among the batch's items (see `batch_items`)."""
+        worker = to_address(item.worker)
+        if amount is None:
+            amount = self._slash_amount(pool_id, worker)
+        receipt = self._send(
+            self.contract.functions.dispute(
+                pool_id,
+                batch_id,
+                worker,
+                item.work_id,
+                item.units,
+                list(proof),
+                amount,
+                _short(reason),
+            ),
+            "dispute",
         )
+        return _slash_result(self._events_in(receipt, "WorkerSlashed"), receipt)
+
+    def batch(self, pool_id: int, batch_id: int) -> BatchInfo:
+        """A batch's commitment as its `BatchAttested` event gave it (full root, validator,
+        size); the ledger itself keeps the root's high 192 bits and the block."""
+        stored, block = self._call("batch", lambda f: f.batch(pool_id, batch_id))
+        if block == 0:
+            raise ChainError(f"pool {pool_id} has no batch {batch_id}")
+        evs = self.events(
+            "BatchAttested", from_block=block, to_block=block, pool_id=pool_id, batch_id=batch_id
+        )
+        if len(evs) != 1:
+            raise ChainError(f"batch {batch_id} of pool {pool_id}: {len(evs)} BatchAttested logs")
+        a = evs[0]["args"]
+        root = bytes(a["root"])
+        if root[:24] != bytes(stored)[:24]:
+            raise ChainError(f"batch {batch_id} of pool {pool_id}: event and storage disagree")
+        return BatchInfo(
+            batch_id=batch_id,
+            root=root,
+            validator=a["validator"],
+            block_number=block,
+            items=int(a["items"]),
+            units=int(a["units"]),
+            tx_hash=evs[0]["transactionHash"].to_0x_hex(),
+        )
+
+    def batch_items(self, pool_id: int, batch_id: int) -> list[Work]:
+        """The items batch `batch_id` credited, rebuilt from its transaction's calldata (less
+        the items it skipped) and checked against its root: the audit path, which needs
+        nothing but the chain. `merkle.proof(pool_id, items, i)` then proves item i."""
+        info = self.batch(pool_id, batch_id)
+        with chain_errors("batch_items", self.rpc_url):
+            tx = self.w3.eth.get_transaction(info.tx_hash)
+            receipt = self.w3.eth.get_transaction_receipt(info.tx_hash)
+        _, args = self.contract.decode_function_input(tx["input"])
+        sent = [
+            Work(to_address(w), int(i), int(u))
+            for w, i, u in zip(args["workers"], args["work_ids"], args["units"], strict=True)
+        ]
+        items = _without(sent, self._skipped_in(receipt))
+        if merkle.root(pool_id, items) != info.root:
+            raise ChainError(f"batch {batch_id} of pool {pool_id}: calldata does not match root")
+        return items
+
+    def verify_item(self, pool_id: int, batch_id: int, item: Work, proof: Sequence[bytes]) -> bool:
+        """The ledger's own answer: was `item` credited in the batch?"""
+        return self._call(
+            "verify_item",
+            lambda f: f.verify_item(
+                pool_id, batch_id, to_address(item.worker), item.work_id, item.units, list(proof)
+            ),
+        )
+
+    def is_settled(self, pool_id: int, worker: str, work_id: int) -> bool:
+        """Whether item `work_id` of `worker` is attested or slashed (either is final)."""
+        return self._call(
+            "is_settled", lambda f: f.is_settled(pool_id, to_address(worker), work_id)
+        )
+
+    def work_id_floor(self, pool_id: int, worker: str) -> int:
+        """One past the highest work id settled for `worker` (0: none): where an orchestrator
+        that lost its counter resumes numbering."""
+        return self._call("work_id_floor", lambda f: f.work_id_floor(pool_id, to_address(worker)))
 
     def work_units(self, pool_id: int, worker: str) -> int:
         return self._call("work_units", lambda f: f.work_units(pool_id, to_address(worker)))
+
+    def batch_count(self, pool_id: int) -> int:
+        return self._call("batch_count", lambda f: f.batch_count(pool_id))
+
+    def burnt(self, pool_id: int) -> int:
+        """Slashed wei the pool burnt (locked in the ledger for good)."""
+        return self._call("burnt", lambda f: f.burnt(pool_id))
 
     def attested_units(self, pool_id: int) -> int:
         """Total units attested in the pool, over all workers."""
@@ -293,11 +447,19 @@ class LedgerClient:
 
     # --- rewards ----------------------------------------------------------------------------
 
+    def rewards(self, pool_id: int, worker: str) -> Rewards:
+        claimable, pending = self._call(
+            "rewards_of", lambda f: f.rewards_of(pool_id, to_address(worker))
+        )
+        return Rewards(claimable, pending)
+
     def reward_balance(self, pool_id: int, worker: str) -> int:
-        return self._call("reward_balance", lambda f: f.reward_balance(pool_id, to_address(worker)))
+        """Everything credited and not yet paid, claimable or still inside the window."""
+        return self.rewards(pool_id, worker).total
 
     def claim_rewards(self, pool_id: int) -> int:
-        """Claim this account's rewards; returns the wei paid (capped by the pool's funds)."""
+        """Claim this account's matured rewards; returns the wei paid (capped by the pool's
+        funds). Refused ("no matured rewards") while everything is inside the window."""
         receipt = self._send(self.contract.functions.claim_rewards(pool_id), "claim_rewards")
         (event,) = self._events_in(receipt, "RewardsClaimed")
         return int(event["args"]["amount"])
@@ -331,18 +493,32 @@ class LedgerClient:
                 )
             )
 
-    def work_attested_events(
+    def confirmed_events(
+        self, name: str, from_block: int, confirmations: int = 0, **argument_filters: Any
+    ) -> tuple[list[EventData], int]:
+        """Logs of `name` from `from_block` up to `confirmations` blocks below the head, and the
+        block to read from next time: a follower that only acts on logs a reorg of fewer than
+        `confirmations` blocks cannot undo, and never reads a block twice."""
+        if confirmations < 0:
+            raise ChainError(f"confirmations must be >= 0, got {confirmations}")
+        last = self.block_number() - confirmations
+        if last < from_block:
+            return [], from_block
+        evs = self.events(name, from_block=from_block, to_block=last, **argument_filters)
+        return evs, last + 1
+
+    def work_credited_events(
         self,
         pool_id: int,
         from_block: BlockIdentifier = 0,
         to_block: BlockIdentifier = "latest",
         worker: str | None = None,
-    ) -> list[WorkAttestedEvent]:
+    ) -> list[WorkCreditedEvent]:
         filters = _filters(pool_id=pool_id, worker=worker and to_address(worker))
         return [
-            WorkAttestedEvent(**_event_fields(ev))
+            WorkCreditedEvent(**_event_fields(ev))
             for ev in self.events(
-                "WorkAttested", from_block=from_block, to_block=to_block, **filters
+                "WorkCredited", from_block=from_block, to_block=to_block, **filters
             )
         ]
 
@@ -381,6 +557,12 @@ class LedgerClient:
         with chain_errors(action, self.rpc_url):
             return pick(self.contract.functions).call()
 
+    def _skipped_in(self, receipt: TxReceipt) -> list[SkippedWork]:
+        return [
+            SkippedWork(e["args"]["worker"], e["args"]["work_id"], SkipReason(e["args"]["reason"]))
+            for e in self._events_in(receipt, "WorkSkipped")
+        ]
+
     def _events_in(self, receipt: TxReceipt, name: str) -> Iterable[EventData]:
         # DISCARD: the receipt also holds this contract's other events, which do not decode as
         # `name` and are not errors.
@@ -390,14 +572,45 @@ class LedgerClient:
     def _checked_work(w: Work) -> Work:
         if w.units <= 0:
             raise ChainError(f"work units must be positive, got {w.units}")
-        return Work(to_address(w.worker), _key(w.work_key), w.units)
+        if not 0 <= w.work_id < 2**256:
+            raise ChainError(f"work id out of range: {w.work_id}")
+        return Work(to_address(w.worker), w.work_id, w.units)
 
 
-def _key(work_key: bytes | str) -> bytes:
-    try:
-        return as_work_key(work_key)
-    except ValueError as exc:
-        raise ChainError(f"invalid work key {work_key!r}: {exc}") from None
+def _without(items: Sequence[Work], skipped: Sequence[SkippedWork]) -> list[Work]:
+    """The items the contract credited, in its order (the order of the root's leaves). Of the
+    occurrences of one (worker, id), the contract credits at most the first, and logs a skip
+    for every other: so an item is credited if it is the first occurrence of its id and the
+    id has fewer skips than occurrences."""
+
+    def key(worker: str, work_id: int) -> tuple[str, int]:
+        return worker.lower(), work_id
+
+    occurrences = Counter(key(w.worker, w.work_id) for w in items)
+    skips = Counter(key(s.worker, s.work_id) for s in skipped)
+    seen: set[tuple[str, int]] = set()
+    credited = []
+    for w in items:
+        k = key(w.worker, w.work_id)
+        if k not in seen and skips[k] < occurrences[k]:
+            credited.append(w)
+        seen.add(k)
+    return credited
+
+
+def _short(reason: str) -> str:
+    return reason.encode()[:64].decode(errors="ignore")
+
+
+def _slash_result(events: Iterable[EventData], receipt: TxReceipt) -> SlashResult:
+    (event,) = events
+    a = event["args"]
+    return SlashResult(
+        amount=int(a["amount"]),
+        reporter_share=int(a["reporter_share"]),
+        burnt=int(a["burnt"]),
+        tx=_tx_info(receipt),
+    )
 
 
 def _tx_info(receipt: TxReceipt) -> TxInfo:
@@ -413,11 +626,8 @@ def _filters(**filters: Any) -> dict[str, Any]:
 
 
 def _event_fields(ev: EventData) -> dict[str, Any]:
-    args = dict(ev["args"])
-    if "work_key" in args:
-        args["work_key"] = bytes(args["work_key"])
     return {
-        **args,
+        **dict(ev["args"]),
         "block_number": ev["blockNumber"],
         "tx_hash": ev["transactionHash"].to_0x_hex(),
         "log_index": ev["logIndex"],

@@ -21,6 +21,12 @@ DEFAULT_SLASH_BPS = 1_000
 # tests or local runs that want to withdraw mine blocks (`anvil_mine`) or deploy with fewer.
 DEFAULT_UNBONDING_BLOCKS = 7_200
 
+# How long (in blocks) an attestation can be disputed; rewards become claimable after it. A
+# quarter of the unbonding period (6 h of 12 s blocks): long enough for a second validator or
+# an audit to re-check a batch, short enough that workers are paid the same day. The contract
+# requires it to be at most the unbonding period, so a dispute can still reach the stake.
+DEFAULT_CHALLENGE_BLOCKS = 1_800
+
 
 @dataclass(frozen=True)
 class Deployment:
@@ -33,6 +39,7 @@ class Deployment:
     contract: str
     slash_bps: int
     unbonding_blocks: int
+    challenge_blocks: int
 
 
 def write_deployment(path: str | Path, deployment: Deployment) -> None:

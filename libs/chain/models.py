@@ -5,23 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
-from eth_utils import keccak
 
+class PoolStatus(IntEnum):
+    """A pool's lifecycle; mirrors the POOL_* constants of SwarmLedger.vy."""
 
-class WorkStatus(IntEnum):
-    """State of a work key in a pool; mirrors the WORK_* constants of SwarmLedger.vy."""
-
-    NONE = 0
-    ATTESTED = 1
-    SLASHED = 2
+    PENDING = 1
+    ACTIVE = 2
+    ENDED = 3
 
 
 class SkipReason(IntEnum):
-    """Why attest_work skipped an entry; mirrors the SKIP_* constants of SwarmLedger.vy."""
+    """Why attest_work skipped an item; mirrors the SKIP_* constants of SwarmLedger.vy."""
 
-    ALREADY_ATTESTED = 1
-    ALREADY_SLASHED = 2
-    NOT_MEMBER = 3
+    SETTLED = 1
+    NOT_MEMBER = 2
 
 
 @dataclass(frozen=True)
@@ -35,14 +32,20 @@ class Pool:
     reward_per_unit: int
     funds: int
     total_attested_units: int
+    status: PoolStatus
+    # Share of each slash paid to the reporting validator, in basis points.
+    reporter_bps: int
+    # Whether the rest of a slash is burnt rather than added to the pool's funds.
+    burn_slashed: bool
 
 
 @dataclass(frozen=True)
 class Work:
-    """One attestation: `units` of verified work by `worker`, identified by a 32-byte key."""
+    """One attested item: `units` of verified work by `worker`, named by `work_id`, the
+    orchestrator's per-worker sequence number handed out with the lease."""
 
     worker: str
-    work_key: bytes
+    work_id: int
     units: int
 
 
@@ -56,8 +59,42 @@ class TxInfo:
 @dataclass(frozen=True)
 class SkippedWork:
     worker: str
-    work_key: bytes
+    work_id: int
     reason: SkipReason
+
+
+@dataclass(frozen=True)
+class AttestedBatch:
+    """One transaction's commitment: `items` (in the order the root was built from) can each
+    be proven against `root` with `merkle.proof`."""
+
+    batch_id: int
+    root: bytes
+    items: list[Work]
+    tx: TxInfo
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    batch_id: int
+    root: bytes
+    validator: str
+    block_number: int
+    items: int
+    units: int
+    tx_hash: str
+
+
+@dataclass(frozen=True)
+class Rewards:
+    """Claimable now, and credited but still inside the challenge window."""
+
+    claimable: int
+    pending: int
+
+    @property
+    def total(self) -> int:
+        return self.claimable + self.pending
 
 
 @dataclass(frozen=True)
@@ -66,7 +103,11 @@ class AttestResult:
 
     attested: list[Work]
     skipped: list[SkippedWork]
-    txs: list[TxInfo]
+    batches: list[AttestedBatch]
+
+    @property
+    def txs(self) -> list[TxInfo]:
+        return [b.tx for b in self.batches]
 
     @property
     def gas_used(self) -> int:
@@ -86,15 +127,17 @@ class LeaveResult:
 @dataclass(frozen=True)
 class SlashResult:
     amount: int
+    reporter_share: int
+    burnt: int
     tx: TxInfo
 
 
 @dataclass(frozen=True)
-class WorkAttestedEvent:
+class WorkCreditedEvent:
     pool_id: int
     worker: str
-    work_key: bytes
-    validator: str
+    batch_id: int
+    items: int
     units: int
     reward: int
     block_number: int
@@ -106,23 +149,12 @@ class WorkAttestedEvent:
 class WorkerSlashedEvent:
     pool_id: int
     worker: str
-    work_key: bytes
+    work_id: int
     validator: str
     amount: int
+    reporter_share: int
+    burnt: int
     reason: str
     block_number: int
     tx_hash: str
     log_index: int
-
-
-def work_key_for(identifier: str) -> bytes:
-    """The on-chain key for an off-chain work id (e.g. a rollout id): keccak256 of its UTF-8."""
-    return keccak(text=identifier)
-
-
-def as_work_key(value: bytes | str) -> bytes:
-    """A 32-byte key from raw bytes or 0x-hex; anything else is a caller bug."""
-    raw = bytes.fromhex(value.removeprefix("0x")) if isinstance(value, str) else bytes(value)
-    if len(raw) != 32:
-        raise ValueError(f"a work key is 32 bytes, got {len(raw)}")
-    return raw

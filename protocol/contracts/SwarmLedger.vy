@@ -4,69 +4,108 @@
 """
 @title Prime Swarm ledger
 @license MIT
-@notice The on-chain registry of Prime Swarm: pools, worker stakes, the
-        validator registry, attested work, slashing and rewards.
-        One contract holds every pool so that a worker needs only a pool
-        id and an RPC URL to find a pool's orchestrator and the address
-        that signs its policies.
+@notice The on-chain registry of Prime Swarm: pools and their lifecycle,
+        worker stakes, the validator set, attested work committed by Merkle
+        root, disputes, slashing and rewards. One contract holds every pool
+        so that a worker needs only a pool id and an RPC URL to find a
+        pool's orchestrator and the address that signs its policies.
 @dev Design decisions, fixed here so that off-chain code can rely on them:
-     - A work key (e.g. keccak256 of a rollout id) lives in exactly one of
-       three states per pool: none -> attested, or none -> slashed. It never
-       leaves attested or slashed, so a key is paid at most once and a
-       slashed key can never be paid.
-     - `attest_work` SKIPS (does not revert on) entries whose key is already
-       attested or slashed, or whose worker is not a member, and logs
-       `WorkSkipped` for each. A validator that retries a batch after a lost
-       receipt, or that races another validator, therefore cannot double-pay
-       and does not lose the rest of the batch; a worker who leaves cannot
-       block a batch that names them. Malformed input (ragged arrays, zero
-       units) still reverts because it is a validator bug, not a race.
-     - `slash` REVERTS on a key that is already attested or slashed: it is a
-       single deliberate act, and a silent no-op would hide a conflict
-       between validators.
-     - Slashed stake goes to the pool's reward funds, so a cheater's stake
-       pays honest workers rather than the operator.
-     - Rewards are credited at attestation time whether or not the pool is
-       funded; `claim_rewards` pays what the funds cover and leaves the rest
-       of the balance claimable later.
-     - A worker who leaves keeps earned rewards.
+
+     Work identity and duplicates
+     - A unit of work is named by (worker, work_id): `work_id` is the
+       orchestrator's per-worker sequence number, handed out with each lease
+       (0, 1, 2, ... for each worker of a pool). Each (pool, worker, work_id)
+       is settled at most once, either attested or slashed, and never leaves
+       that state: a work item is paid at most once and slashed work can
+       never be paid.
+     - "Settled" is one bit in a per-worker bitmap: word `work_id >> 8`, bit
+       `work_id & 255`. Because a worker's ids are consecutive, 256 of its
+       items share one storage slot, and a batch touches one slot per
+       worker in the common case instead of one per item (the reason a
+       batch of 64 costs a few thousand gas per item, not 20k+). Limits: the
+       check is exact (no false positives, unlike a Bloom filter), but its
+       cost depends on density. Ids spread far apart (an orchestrator that
+       lost its counter and restarted from a random base) still work and are
+       still refused when repeated, at up to one slot per item. An
+       orchestrator that restarts its counter from 0 would see its honest
+       work refused as duplicates, never paid twice: it resumes from
+       `work_id_high` (the highest id settled per worker) instead.
+     - Batches are committed, not stored: `attest_work` keeps the Merkle
+       root of the items it credited (leaf = keccak256(abi_encode(pool_id,
+       worker, work_id, units)), pairs hashed in sorted order, an odd node
+       carried up unchanged). Any item can be proven against the root later
+       (`verify_item`, `dispute`); the items themselves are in the
+       transaction's calldata for anyone to rebuild the tree. The full root
+       is in the `BatchAttested` event; storage keeps its high 192 bits
+       next to the block number (one slot per batch). Leaves hash
+       128 bytes and inner nodes 64, so an inner node cannot pass as a leaf.
+     - `attest_work` SKIPS (does not revert on) items already settled or
+       whose worker is not a member, with a `WorkSkipped` event each: a
+       validator retrying a batch after a lost receipt, or racing another
+       validator, cannot double-pay and does not lose the rest of its batch.
+       Malformed input (ragged arrays, zero units) reverts: a validator bug.
+     - `slash` and `dispute` REVERT on conflicts: each is a single
+       deliberate act, and a silent no-op would hide a disagreement between
+       validators.
+
+     Economics
+     - A pool is PENDING (the owner sets validators and the slash policy),
+       then ACTIVE (workers join, work is attested), then ENDED (no joins;
+       work leased before the end is still attested, disputed, slashed and
+       paid; stakes unbond as usual).
+     - Rewards are credited at attestation (units * reward_per_unit) but can
+       only be claimed after the challenge window: a credit in epoch
+       e = block // CHALLENGE_BLOCKS matures at block (e + 2) *
+       CHALLENGE_BLOCKS, strictly later than the last block at which its
+       batch can be disputed (batch block + CHALLENGE_BLOCKS - 1). So each
+       worker has at most two unmatured epochs, kept in two buckets: no
+       loop, no per-batch storage per worker.
+     - A dispute proves an attested item against its batch root within the
+       window, reverses its units and reward and slashes the worker.
+     - A slash (of rejected work, or by dispute) takes an amount of the
+       worker's stake, at most SLASH_BPS of it. The pool's `reporter_bps`
+       share goes to the reporting validator, the rest to the pool's reward
+       funds or, if the pool chose so, is burnt (kept locked in this
+       contract forever, counted in `burnt`).
+     - Claims pay what the pool's funds cover and leave the rest claimable.
+       A worker who leaves or is ejected keeps earned rewards.
      - Leaving is in two steps so that stake backs work until every verdict
-       on it can have landed. `leave` ends membership at once (no new work
-       is attested, the orchestrator treats the worker as gone) but keeps
-       the stake in `stake_of`, where `slash` still reaches it; `withdraw`
-       pays it out from UNBONDING_BLOCKS blocks later on. Without the delay
-       a worker could leave in the block before a pending slash and the
-       slash would take nothing. The delay is in blocks, not seconds,
-       because a block producer can skew `block.timestamp` but not
-       `block.number`; deployers convert from their chain's block time. A
-       value of 0 lets a worker withdraw in the block it leaves, i.e. turns
-       the protection off.
-     - `join` during (or after) unbonding re-joins: the unbonding is
-       cancelled and the remaining stake counts toward the pool minimum, so
-       a worker who changes their mind need not withdraw and re-send.
+       on it can have landed: `leave` (or the owner's `eject`) ends
+       membership at once, the stake stays slashable for UNBONDING_BLOCKS,
+       then `withdraw` pays it. UNBONDING_BLOCKS >= CHALLENGE_BLOCKS, so a
+       dispute can always still reach the stake behind the disputed work.
+       Counted in blocks, not seconds: a block producer can skew
+       `block.timestamp` but not `block.number`.
      - Each pool names its trainer: the address whose signatures on policy
        manifests workers and validators accept. It lives on chain, set by
-       the pool owner, so that nobody has to take it from the orchestrator,
-       which is the party a worker trusts least.
+       the owner, so that nobody has to take it from the orchestrator.
+     - Value leaves only by `withdraw`, `claim_rewards` and the reporter's
+       share of a slash; each settles state first and holds the lock.
 """
 
 
 # Largest batch `attest_work` accepts; bounds the gas of one call.
-MAX_BATCH: public(constant(uint256)) = 64
+MAX_BATCH: public(constant(uint256)) = 256
 
-# Basis-point denominator for the slash fraction.
+# Longest Merkle proof `dispute` accepts: ceil(log2(MAX_BATCH)).
+MAX_PROOF: constant(uint256) = 8
+
+# Basis-point denominator for shares of a stake.
 BPS: constant(uint256) = 10_000
 
-# Per-pool state of a work key. Values are part of the ABI (see
-# `work_status`) and mirrored by the Python client.
-WORK_NONE: constant(uint8) = 0
-WORK_ATTESTED: constant(uint8) = 1
-WORK_SLASHED: constant(uint8) = 2
+# Pool status. Values are part of the ABI and mirrored by the Python client.
+POOL_PENDING: constant(uint8) = 1
+POOL_ACTIVE: constant(uint8) = 2
+POOL_ENDED: constant(uint8) = 3
 
-# `WorkSkipped.reason` values. 1 and 2 equal the key's state on purpose.
-SKIP_ALREADY_ATTESTED: constant(uint8) = 1
-SKIP_ALREADY_SLASHED: constant(uint8) = 2
-SKIP_NOT_MEMBER: constant(uint8) = 3
+# Packed words (see the storage notes): low bit masks.
+LOW64: constant(uint256) = 2**64 - 1
+LOW128: constant(uint256) = 2**128 - 1
+LOW192: constant(uint256) = 2**192 - 1
+
+# `WorkSkipped.reason` values.
+SKIP_SETTLED: constant(uint8) = 1
+SKIP_NOT_MEMBER: constant(uint8) = 2
 
 
 struct Pool:
@@ -78,6 +117,11 @@ struct Pool:
     reward_per_unit: uint256
     # Unallocated ether that pays `claim_rewards`.
     funds: uint256
+    status: uint8
+    # Share of each slash paid to the validator that reports it.
+    reporter_bps: uint256
+    # Whether the rest of a slash is burnt instead of added to `funds`.
+    burn_slashed: bool
 
 
 event PoolCreated:
@@ -87,6 +131,15 @@ event PoolCreated:
     min_stake: uint256
     reward_per_unit: uint256
     trainer: address
+
+event PoolStatusChanged:
+    pool_id: indexed(uint256)
+    status: uint8
+
+event SlashPolicySet:
+    pool_id: indexed(uint256)
+    reporter_bps: uint256
+    burn_slashed: bool
 
 event OrchestratorUrlChanged:
     pool_id: indexed(uint256)
@@ -142,30 +195,51 @@ event ValidatorRemoved:
     pool_id: indexed(uint256)
     validator: indexed(address)
 
-event WorkAttested:
+# One per batch: the commitment any item of it can be proven against.
+event BatchAttested:
+    pool_id: indexed(uint256)
+    batch_id: indexed(uint256)
+    validator: indexed(address)
+    root: bytes32
+    items: uint256
+    units: uint256
+
+# One per worker per batch (per run of consecutive items of that worker).
+event WorkCredited:
     pool_id: indexed(uint256)
     worker: indexed(address)
-    work_key: indexed(bytes32)
-    validator: address
+    batch_id: indexed(uint256)
+    items: uint256
     units: uint256
     reward: uint256
 
-# Not a state change: tells the validator which entries of a batch had no
+# Not a state change: tells the validator which items of a batch had no
 # effect and why (see the SKIP_* constants).
 event WorkSkipped:
     pool_id: indexed(uint256)
     worker: indexed(address)
-    work_key: indexed(bytes32)
+    work_id: uint256
     validator: address
     reason: uint8
 
 event WorkerSlashed:
     pool_id: indexed(uint256)
     worker: indexed(address)
-    work_key: indexed(bytes32)
-    validator: address
+    work_id: uint256
+    validator: indexed(address)
     amount: uint256
+    reporter_share: uint256
+    burnt: uint256
     reason: String[64]
+
+event WorkDisputed:
+    pool_id: indexed(uint256)
+    batch_id: indexed(uint256)
+    worker: indexed(address)
+    work_id: uint256
+    validator: address
+    units: uint256
+    reward: uint256
 
 event RewardsClaimed:
     pool_id: indexed(uint256)
@@ -174,13 +248,17 @@ event RewardsClaimed:
     remaining: uint256
 
 
-# Fraction of a worker's stake taken by one slash, in basis points.
+# Largest share of a worker's stake one slash may take, in basis points.
 SLASH_BPS: public(immutable(uint256))
 
 # Blocks between `leave` and the first block `withdraw` pays out.
 UNBONDING_BLOCKS: public(immutable(uint256))
 
-# Ids are 1-based so that 0 can mean "no pool" off chain.
+# Blocks after an attestation during which it can be disputed; rewards
+# mature after it (see the module notes). 0: no window, no disputes.
+CHALLENGE_BLOCKS: public(immutable(uint256))
+
+# Ids are 1-based so that 0 can mean "none" off chain.
 pool_count: public(uint256)
 _pools: HashMap[uint256, Pool]
 
@@ -193,23 +271,48 @@ stake_of: public(HashMap[uint256, HashMap[address, uint256]])
 unbonding_until: public(HashMap[uint256, HashMap[address, uint256]])
 is_validator: public(HashMap[uint256, HashMap[address, bool]])
 
-work_status: public(HashMap[uint256, HashMap[bytes32, uint8]])
-work_units: public(HashMap[uint256, HashMap[address, uint256]])
-total_attested_units: public(HashMap[uint256, uint256])
-reward_balance: public(HashMap[uint256, HashMap[address, uint256]])
+# Storage a batch touches is packed so that it writes few slots: per worker
+# one settled-bitmap word, one tally and one reward bucket; per pool one
+# tally; per batch one word.
+
+# Settled work ids, 256 per word (see the module notes).
+settled_words: public(HashMap[uint256, HashMap[address, HashMap[uint256, uint256]]])
+# Per worker: attested units (low 128 bits) | one past the highest settled
+# work id (high 128 bits; 0: none yet), where an orchestrator that lost its
+# counter resumes.
+_worker_tally: HashMap[uint256, HashMap[address, uint256]]
+# Per pool: batches so far (low 64 bits) | attested units (the rest).
+_pool_tally: HashMap[uint256, uint256]
+# Per batch: its Merkle root's high 192 bits | the block it was attested in
+# (low 64 bits). One slot instead of two saves 22k gas a batch; proving an
+# item against 192 bits of root still takes a 2**192 second preimage.
+_batches: HashMap[uint256, HashMap[uint256, uint256]]
+# Leaves already disputed, so one item is reversed at most once.
+disputed: public(HashMap[uint256, HashMap[bytes32, bool]])
+
+# Matured rewards, and two buckets of unmatured ones, each
+# epoch (high 64 bits) | amount (low 192 bits); amount 0 is an empty bucket.
+_claimable: HashMap[uint256, HashMap[address, uint256]]
+_buckets: HashMap[uint256, HashMap[address, uint256[2]]]
+# Slashed ether burnt per pool: locked in this contract for good.
+burnt: public(HashMap[uint256, uint256])
 
 
 @deploy
-def __init__(slash_bps: uint256, unbonding_blocks: uint256):
+def __init__(slash_bps: uint256, unbonding_blocks: uint256, challenge_blocks: uint256):
     """
-    @param slash_bps Share of a worker's stake one slash takes, in basis
-           points (1000 = 10%).
+    @param slash_bps Largest share of a worker's stake one slash takes, in
+           basis points (1000 = 10%).
     @param unbonding_blocks Blocks a worker's stake stays slashable after
            `leave`; longer than the slowest verdict the pool expects.
+    @param challenge_blocks Blocks an attestation can be disputed for; at
+           most `unbonding_blocks`.
     """
     assert slash_bps <= BPS, "slash_bps above 10000"
+    assert challenge_blocks <= unbonding_blocks, "challenge window above unbonding"
     SLASH_BPS = slash_bps
     UNBONDING_BLOCKS = unbonding_blocks
+    CHALLENGE_BLOCKS = challenge_blocks
 
 
 # --- pools ------------------------------------------------------------------
@@ -223,7 +326,9 @@ def create_pool(
     trainer: address,
 ) -> uint256:
     """
-    @notice Open a pool owned by the caller.
+    @notice Open a pool owned by the caller, PENDING until `activate_pool`.
+            The slash policy starts at 10% to the reporter, the rest to the
+            pool's funds.
     @param trainer The address that signs the pool's policy manifests.
     @return The new pool's id (starting at 1).
     """
@@ -238,6 +343,9 @@ def create_pool(
         min_stake=min_stake,
         reward_per_unit=reward_per_unit,
         funds=0,
+        status=POOL_PENDING,
+        reporter_bps=1_000,
+        burn_slashed=False,
     )
     log PoolCreated(
         pool_id=pool_id,
@@ -248,6 +356,40 @@ def create_pool(
         trainer=trainer,
     )
     return pool_id
+
+
+@external
+def set_slash_policy(pool_id: uint256, reporter_bps: uint256, burn_slashed: bool):
+    """
+    @notice Where slashed stake goes. Only while PENDING: workers join
+            knowing the rules, and an owner cannot redirect slashes later.
+    """
+    self._check_owner(pool_id)
+    assert self._pools[pool_id].status == POOL_PENDING, "pool not pending"
+    assert reporter_bps <= BPS, "reporter_bps above 10000"
+    self._pools[pool_id].reporter_bps = reporter_bps
+    self._pools[pool_id].burn_slashed = burn_slashed
+    log SlashPolicySet(pool_id=pool_id, reporter_bps=reporter_bps, burn_slashed=burn_slashed)
+
+
+@external
+def activate_pool(pool_id: uint256):
+    self._check_owner(pool_id)
+    assert self._pools[pool_id].status == POOL_PENDING, "pool not pending"
+    self._pools[pool_id].status = POOL_ACTIVE
+    log PoolStatusChanged(pool_id=pool_id, status=POOL_ACTIVE)
+
+
+@external
+def end_pool(pool_id: uint256):
+    """
+    @notice No more joins. Work already leased is still attested, disputed
+            and paid; members leave and withdraw as usual.
+    """
+    self._check_owner(pool_id)
+    assert self._pools[pool_id].status != POOL_ENDED, "pool already ended"
+    self._pools[pool_id].status = POOL_ENDED
+    log PoolStatusChanged(pool_id=pool_id, status=POOL_ENDED)
 
 
 @external
@@ -299,6 +441,17 @@ def pool(pool_id: uint256) -> (address, String[256], uint256, uint256, address):
 
 @view
 @external
+def pool_state(pool_id: uint256) -> (uint8, uint256, uint256, bool):
+    """
+    @return status, funds, reporter_bps, burn_slashed
+    """
+    self._check_pool(pool_id)
+    p: Pool = self._pools[pool_id]
+    return p.status, p.funds, p.reporter_bps, p.burn_slashed
+
+
+@view
+@external
 def pool_funds(pool_id: uint256) -> uint256:
     self._check_pool(pool_id)
     return self._pools[pool_id].funds
@@ -311,12 +464,13 @@ def pool_funds(pool_id: uint256) -> uint256:
 @payable
 def join(pool_id: uint256):
     """
-    @notice Stake into a pool. A non-member becomes a member if its stake
-            (what is left from before, if it is unbonding, plus msg.value)
-            reaches the pool's minimum; this cancels any unbonding. A member
-            tops its stake up (e.g. after a slash).
+    @notice Stake into an ACTIVE pool. A non-member becomes a member if its
+            stake (what is left from before, if it is unbonding, plus
+            msg.value) reaches the pool's minimum; this cancels any
+            unbonding. A member tops its stake up (e.g. after a slash).
     """
     self._check_pool(pool_id)
+    assert self._pools[pool_id].status == POOL_ACTIVE, "pool not active"
     stake: uint256 = self.stake_of[pool_id][msg.sender] + msg.value
     if self.is_member[pool_id][msg.sender]:
         assert msg.value > 0, "no value sent"
@@ -418,122 +572,422 @@ def remove_validator(pool_id: uint256, validator: address):
 def attest_work(
     pool_id: uint256,
     workers: DynArray[address, MAX_BATCH],
-    work_keys: DynArray[bytes32, MAX_BATCH],
+    work_ids: DynArray[uint256, MAX_BATCH],
     units: DynArray[uint256, MAX_BATCH],
 ) -> uint256:
     """
-    @notice Record verified work and credit its reward. Entries whose key is
-            already attested or slashed, or whose worker is not a member, are
-            skipped with a `WorkSkipped` event (see the module notes).
-    @return The number of entries attested.
+    @notice Record a batch of verified work, credit its rewards (claimable
+            after the challenge window) and commit to the credited items by
+            their Merkle root. Items already settled, or whose worker is not
+            a member, are skipped with `WorkSkipped`. Sorting the batch by
+            worker, then work id, makes it cheapest (one credit and one
+            bitmap write per worker).
+    @return The batch id, or 0 if every item was skipped.
     """
     assert self.is_validator[pool_id][msg.sender], "not a validator"
+    assert self._pools[pool_id].status != POOL_PENDING, "pool not active"
     n: uint256 = len(workers)
-    assert len(work_keys) == n and len(units) == n, "array lengths differ"
+    assert len(work_ids) == n and len(units) == n, "array lengths differ"
     rate: uint256 = self._pools[pool_id].reward_per_unit
+    pool_tally: uint256 = self._pool_tally[pool_id]
+    batch_id: uint256 = (pool_tally & LOW64) + 1
 
-    attested: uint256 = 0
+    # The tree's nodes, leaves first; the root is built in place below.
+    nodes: bytes32[MAX_BATCH] = empty(bytes32[MAX_BATCH])
+    count: uint256 = 0
     total_units: uint256 = 0
+    # The run of consecutive items of one worker, credited in one write.
+    run_worker: address = empty(address)
+    run_member: bool = False
+    run_items: uint256 = 0
+    run_units: uint256 = 0
+    run_floor: uint256 = 0
+    # The bitmap word in hand, written back when the next item needs another.
+    word_index: uint256 = max_value(uint256)
+    word: uint256 = 0
     for i: uint256 in range(n, bound=MAX_BATCH):
         worker: address = workers[i]
-        key: bytes32 = work_keys[i]
+        work_id: uint256 = work_ids[i]
         amount: uint256 = units[i]
         assert amount > 0, "zero units"
-
-        status: uint8 = self.work_status[pool_id][key]
-        if status != WORK_NONE:
-            log WorkSkipped(
-                pool_id=pool_id, worker=worker, work_key=key, validator=msg.sender, reason=status
-            )
-            continue
-        if not self.is_member[pool_id][worker]:
+        if worker != run_worker:
+            if word_index != max_value(uint256):
+                self.settled_words[pool_id][run_worker][word_index] = word
+            self._credit_run(pool_id, batch_id, run_worker, run_items, run_units, run_floor, rate)
+            word_index = max_value(uint256)
+            run_worker = worker
+            run_member = self.is_member[pool_id][worker]
+            run_items = 0
+            run_units = 0
+            run_floor = 0
+        if not run_member:
             log WorkSkipped(
                 pool_id=pool_id,
                 worker=worker,
-                work_key=key,
+                work_id=work_id,
                 validator=msg.sender,
                 reason=SKIP_NOT_MEMBER,
             )
             continue
-
-        reward: uint256 = amount * rate
-        self.work_status[pool_id][key] = WORK_ATTESTED
-        self.work_units[pool_id][worker] += amount
-        self.reward_balance[pool_id][worker] += reward
+        index: uint256 = work_id >> 8
+        if index != word_index:
+            if word_index != max_value(uint256):
+                self.settled_words[pool_id][worker][word_index] = word
+            word_index = index
+            word = self.settled_words[pool_id][worker][index]
+        bit: uint256 = 1 << (work_id & 255)
+        if word & bit != 0:
+            log WorkSkipped(
+                pool_id=pool_id,
+                worker=worker,
+                work_id=work_id,
+                validator=msg.sender,
+                reason=SKIP_SETTLED,
+            )
+            continue
+        word = word | bit
+        nodes[count] = keccak256(abi_encode(pool_id, worker, work_id, amount))
+        count += 1
+        run_items += 1
+        run_units += amount
         total_units += amount
-        attested += 1
-        log WorkAttested(
-            pool_id=pool_id,
-            worker=worker,
-            work_key=key,
-            validator=msg.sender,
-            units=amount,
-            reward=reward,
-        )
+        run_floor = max(run_floor, work_id + 1)
+    if word_index != max_value(uint256):
+        self.settled_words[pool_id][run_worker][word_index] = word
+    self._credit_run(pool_id, batch_id, run_worker, run_items, run_units, run_floor, rate)
+    if count == 0:
+        return 0
 
-    # One write for the whole batch instead of one per entry.
-    if total_units > 0:
-        self.total_attested_units[pool_id] += total_units
-    return attested
+    # Level by level, in place: node j of the level above overwrites node j,
+    # which was already read (j <= 2j).
+    width: uint256 = count
+    for _: uint256 in range(MAX_PROOF):
+        if width == 1:
+            break
+        for j: uint256 in range((width + 1) // 2, bound=MAX_BATCH // 2):
+            if 2 * j + 1 < width:
+                # _hash_pair, inlined: the call costs more than the hash here.
+                a: bytes32 = nodes[2 * j]
+                b: bytes32 = nodes[2 * j + 1]
+                if convert(a, uint256) < convert(b, uint256):
+                    nodes[j] = keccak256(concat(a, b))
+                else:
+                    nodes[j] = keccak256(concat(b, a))
+            else:
+                nodes[j] = nodes[2 * j]  # an odd node is carried up unchanged
+        width = (width + 1) // 2
+    root: bytes32 = nodes[0]
+
+    self._pool_tally[pool_id] = pool_tally + 1 + (total_units << 64)
+    self._batches[pool_id][batch_id] = (convert(root, uint256) & ~LOW64) | block.number
+    log BatchAttested(
+        pool_id=pool_id,
+        batch_id=batch_id,
+        validator=msg.sender,
+        root=root,
+        items=count,
+        units=total_units,
+    )
+    return batch_id
 
 
 @external
-def slash(pool_id: uint256, worker: address, work_key: bytes32, reason: String[64]) -> uint256:
+@nonreentrant
+def slash(
+    pool_id: uint256, worker: address, work_id: uint256, amount: uint256, reason: String[64]
+) -> uint256:
     """
-    @notice Punish rejected work: take SLASH_BPS of the worker's stake into
-            the pool's reward funds and mark the key so it can never be paid.
-            A worker who left is slashable until it withdraws (see the
-            module notes). Reverts if the key is already attested or
-            slashed.
-    @return The ether slashed (0 if the worker has no stake left).
+    @notice Punish rejected work: settle the item as slashed (it can never
+            be paid) and take `amount` of the worker's stake, shared as the
+            pool's slash policy says. A worker who left is slashable until
+            it withdraws. Reverts if the item is already settled.
+    @return The amount taken.
     """
     assert self.is_validator[pool_id][msg.sender], "not a validator"
-    status: uint8 = self.work_status[pool_id][work_key]
-    assert status != WORK_ATTESTED, "work key already attested"
-    assert status != WORK_SLASHED, "work key already slashed"
+    index: uint256 = work_id >> 8
+    bit: uint256 = 1 << (work_id & 255)
+    word: uint256 = self.settled_words[pool_id][worker][index]
+    assert word & bit == 0, "work already settled"
+    self.settled_words[pool_id][worker][index] = word | bit
+    tally: uint256 = self._worker_tally[pool_id][worker]
+    if work_id + 1 > tally >> 128:
+        self._worker_tally[pool_id][worker] = (tally & LOW128) | ((work_id + 1) << 128)
+    return self._take_stake(pool_id, worker, work_id, amount, reason)
 
-    stake: uint256 = self.stake_of[pool_id][worker]
-    amount: uint256 = stake * SLASH_BPS // BPS
-    self.work_status[pool_id][work_key] = WORK_SLASHED
-    self.stake_of[pool_id][worker] = stake - amount
-    self._pools[pool_id].funds += amount
-    log WorkerSlashed(
+
+@external
+@nonreentrant
+def dispute(
+    pool_id: uint256,
+    batch_id: uint256,
+    worker: address,
+    work_id: uint256,
+    units: uint256,
+    proof: DynArray[bytes32, MAX_PROOF],
+    amount: uint256,
+    reason: String[64],
+) -> uint256:
+    """
+    @notice Reverse an attested item inside its challenge window: prove it
+            against its batch root, take back its units and reward (not yet
+            claimable, by construction), and slash `amount` of the stake.
+    @return The amount taken.
+    """
+    assert self.is_validator[pool_id][msg.sender], "not a validator"
+    committed: uint256 = self._batches[pool_id][batch_id]
+    assert committed != 0, "unknown batch"
+    attested_at: uint256 = committed & LOW64
+    assert block.number < attested_at + CHALLENGE_BLOCKS, "challenge window closed"
+    leaf: bytes32 = keccak256(abi_encode(pool_id, worker, work_id, units))
+    assert not self.disputed[pool_id][leaf], "already disputed"
+    assert self._verify(leaf, proof, committed), "invalid merkle proof"
+    self.disputed[pool_id][leaf] = True
+
+    reward: uint256 = units * self._pools[pool_id].reward_per_unit
+    if reward > 0:
+        epoch: uint256 = attested_at // CHALLENGE_BLOCKS
+        found: bool = False
+        for i: uint256 in range(2):
+            b: uint256 = self._buckets[pool_id][worker][i]
+            if not found and b >> 192 == epoch and b & LOW192 >= reward:
+                self._buckets[pool_id][worker][i] = b - reward
+                found = True
+        assert found, "reward not pending"
+    self._worker_tally[pool_id][worker] -= units
+    self._pool_tally[pool_id] -= units << 64
+    log WorkDisputed(
         pool_id=pool_id,
+        batch_id=batch_id,
         worker=worker,
-        work_key=work_key,
+        work_id=work_id,
         validator=msg.sender,
-        amount=amount,
-        reason=reason,
+        units=units,
+        reward=reward,
     )
-    return amount
+    return self._take_stake(pool_id, worker, work_id, amount, reason)
+
+
+@view
+@external
+def batch(pool_id: uint256, batch_id: uint256) -> (bytes32, uint256):
+    """
+    @return the root's high 192 bits (low 64 zero), the block it was attested
+            in; both zero for an unknown batch
+    """
+    committed: uint256 = self._batches[pool_id][batch_id]
+    return convert(committed & ~LOW64, bytes32), committed & LOW64
+
+
+@view
+@external
+def verify_item(
+    pool_id: uint256,
+    batch_id: uint256,
+    worker: address,
+    work_id: uint256,
+    units: uint256,
+    proof: DynArray[bytes32, MAX_PROOF],
+) -> bool:
+    """
+    @notice Whether (worker, work_id, units) was credited in the batch.
+    """
+    committed: uint256 = self._batches[pool_id][batch_id]
+    if committed == 0:
+        return False
+    return self._verify(keccak256(abi_encode(pool_id, worker, work_id, units)), proof, committed)
+
+
+@view
+@external
+def is_settled(pool_id: uint256, worker: address, work_id: uint256) -> bool:
+    return self.settled_words[pool_id][worker][work_id >> 8] & (1 << (work_id & 255)) != 0
+
+
+@view
+@external
+def work_units(pool_id: uint256, worker: address) -> uint256:
+    return self._worker_tally[pool_id][worker] & LOW128
+
+
+@view
+@external
+def work_id_floor(pool_id: uint256, worker: address) -> uint256:
+    """
+    @return One past the highest settled work id of `worker` (0: none).
+    """
+    return self._worker_tally[pool_id][worker] >> 128
+
+
+@view
+@external
+def total_attested_units(pool_id: uint256) -> uint256:
+    return self._pool_tally[pool_id] >> 64
+
+
+@view
+@external
+def batch_count(pool_id: uint256) -> uint256:
+    return self._pool_tally[pool_id] & LOW64
 
 
 # --- rewards ----------------------------------------------------------------
+
+
+@view
+@external
+def rewards_of(pool_id: uint256, worker: address) -> (uint256, uint256):
+    """
+    @return claimable now, still inside the challenge window
+    """
+    claimable: uint256 = self._claimable[pool_id][worker]
+    pending: uint256 = 0
+    for i: uint256 in range(2):
+        b: uint256 = self._buckets[pool_id][worker][i]
+        if self._is_mature(b):
+            claimable += b & LOW192
+        else:
+            pending += b & LOW192
+    return claimable, pending
 
 
 @external
 @nonreentrant
 def claim_rewards(pool_id: uint256) -> uint256:
     """
-    @notice Pay the caller's reward balance from the pool's funds, as far as
-            the funds go; the unpaid rest stays in the balance.
+    @notice Pay the caller's matured rewards from the pool's funds, as far
+            as the funds go; the unpaid rest stays claimable.
     @return The ether paid.
     """
-    balance: uint256 = self.reward_balance[pool_id][msg.sender]
-    assert balance > 0, "no rewards to claim"
+    claimable: uint256 = self._claimable[pool_id][msg.sender]
+    for i: uint256 in range(2):
+        b: uint256 = self._buckets[pool_id][msg.sender][i]
+        if b & LOW192 > 0 and self._is_mature(b):
+            claimable += b & LOW192
+            self._buckets[pool_id][msg.sender][i] = 0
+    assert claimable > 0, "no matured rewards"
     funds: uint256 = self._pools[pool_id].funds
     assert funds > 0, "pool has no funds"
-    amount: uint256 = min(balance, funds)
-    self.reward_balance[pool_id][msg.sender] = balance - amount
+    amount: uint256 = min(claimable, funds)
+    self._claimable[pool_id][msg.sender] = claimable - amount
     self._pools[pool_id].funds = funds - amount
     log RewardsClaimed(
-        pool_id=pool_id, worker=msg.sender, amount=amount, remaining=balance - amount
+        pool_id=pool_id, worker=msg.sender, amount=amount, remaining=claimable - amount
     )
     raw_call(msg.sender, b"", value=amount)
     return amount
 
 
 # --- internal ---------------------------------------------------------------
+
+
+@internal
+def _credit_run(
+    pool_id: uint256,
+    batch_id: uint256,
+    worker: address,
+    items: uint256,
+    units: uint256,
+    id_floor: uint256,
+    rate: uint256,
+):
+    if items == 0:
+        return
+    tally: uint256 = self._worker_tally[pool_id][worker]
+    assert (tally & LOW128) + units <= LOW128, "units overflow"
+    self._worker_tally[pool_id][worker] = tally + units + (
+        (max(tally >> 128, id_floor) - (tally >> 128)) << 128
+    )
+    reward: uint256 = units * rate
+    self._credit_reward(pool_id, worker, reward)
+    log WorkCredited(
+        pool_id=pool_id, worker=worker, batch_id=batch_id, items=items, units=units, reward=reward
+    )
+
+
+@internal
+def _credit_reward(pool_id: uint256, worker: address, reward: uint256):
+    """Add `reward` to the bucket of this block's epoch. Every bucket that is
+    neither empty nor of this epoch nor matured holds the previous epoch (a
+    credit two epochs back has matured), so one of the two is always free
+    once matured ones are moved to `claimable`."""
+    if reward == 0:
+        return
+    if CHALLENGE_BLOCKS == 0:
+        self._claimable[pool_id][worker] += reward
+        return
+    assert reward <= LOW192, "reward overflow"
+    epoch: uint256 = block.number // CHALLENGE_BLOCKS
+    free: uint256 = 2
+    for i: uint256 in range(2):
+        b: uint256 = self._buckets[pool_id][worker][i]
+        if b & LOW192 == 0:
+            free = i
+        elif b >> 192 == epoch:
+            assert (b & LOW192) + reward <= LOW192, "reward overflow"
+            self._buckets[pool_id][worker][i] = b + reward
+            return
+        elif self._is_mature(b):
+            self._claimable[pool_id][worker] += b & LOW192
+            free = i
+    assert free < 2, "no free reward bucket"
+    self._buckets[pool_id][worker][free] = (epoch << 192) | reward
+
+
+@view
+@internal
+def _is_mature(bucket: uint256) -> bool:
+    # Matures at the start of the epoch after next: later than any dispute.
+    return CHALLENGE_BLOCKS == 0 or block.number >= ((bucket >> 192) + 2) * CHALLENGE_BLOCKS
+
+
+@internal
+def _take_stake(
+    pool_id: uint256, worker: address, work_id: uint256, amount: uint256, reason: String[64]
+) -> uint256:
+    stake: uint256 = self.stake_of[pool_id][worker]
+    assert amount <= stake, "slash exceeds stake"
+    assert amount * BPS <= stake * SLASH_BPS, "slash above SLASH_BPS of stake"
+    share: uint256 = amount * self._pools[pool_id].reporter_bps // BPS
+    rest: uint256 = amount - share
+    burnt: uint256 = 0
+    self.stake_of[pool_id][worker] = stake - amount
+    if self._pools[pool_id].burn_slashed:
+        burnt = rest
+        self.burnt[pool_id] += rest
+    else:
+        self._pools[pool_id].funds += rest
+    log WorkerSlashed(
+        pool_id=pool_id,
+        worker=worker,
+        work_id=work_id,
+        validator=msg.sender,
+        amount=amount,
+        reporter_share=share,
+        burnt=burnt,
+        reason=reason,
+    )
+    if share > 0:
+        # State is settled, and every caller holds the lock.
+        raw_call(msg.sender, b"", value=share)
+    return amount
+
+
+@pure
+@internal
+def _hash_pair(a: bytes32, b: bytes32) -> bytes32:
+    # Sorted, so a proof needs no left/right flags.
+    if convert(a, uint256) < convert(b, uint256):
+        return keccak256(concat(a, b))
+    return keccak256(concat(b, a))
+
+
+@pure
+@internal
+def _verify(leaf: bytes32, proof: DynArray[bytes32, MAX_PROOF], committed: uint256) -> bool:
+    node: bytes32 = leaf
+    for sibling: bytes32 in proof:
+        node = self._hash_pair(node, sibling)
+    return convert(node, uint256) & ~LOW64 == committed & ~LOW64
 
 
 @internal

@@ -50,7 +50,11 @@ def create_app(settings: OrchestratorSettings) -> FastAPI:
             settings=settings,
             redis=redis,
             policy=policy,
-            leases=LeaseBook(redis, settings),
+            leases=LeaseBook(
+                redis,
+                settings,
+                lambda worker: asyncio.to_thread(ledger.work_id_floor, settings.pool_id, worker),
+            ),
             workers=WorkerRoster(redis, settings),
             standing=StandingBook(
                 ledger,

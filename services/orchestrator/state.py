@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -32,6 +33,8 @@ LEASE = "orch:lease:{lease_id}"
 OPEN_LEASES = "orch:open_leases:{worker}"
 ALL_OPEN_LEASES = "orch:open_leases"
 SUBMITTED = "orch:submitted:{lease_id}"
+# Per worker: the next work id (a lease's name on the ledger, see `LeaseBook.next_work_ids`).
+WORK_IDS = "orch:work_ids:{worker}"
 REISSUED = "orch:reissued"  # counter of expired leases whose task was handed out again
 # Per-worker facts the orchestrator learns (protocol/worker_stats.py has the validator's):
 # hash of hardware, backend, device (as registered) and the counts of leases and submissions.
@@ -133,11 +136,33 @@ class WorkerRoster:
         await self.redis.hset(EJECTED, worker.lower(), record)
 
 
+# Reserve ARGV[1] ids; -1 when the counter is missing and no floor (ARGV[2]) was given, so the
+# caller reads one from the chain and asks again. SET NX: of two requests that both found it
+# missing, the first floor wins and both reserve after it.
+_RESERVE_WORK_IDS = """
+if ARGV[2] ~= '' then
+  redis.call('SET', KEYS[1], ARGV[2], 'NX')
+elseif redis.call('EXISTS', KEYS[1]) == 0 then
+  return -1
+end
+return redis.call('INCRBY', KEYS[1], ARGV[1])
+"""
+
+
 class LeaseBook:
     """Hands out tasks in order, so no worker chooses its prompt, and remembers who holds what."""
 
-    def __init__(self, redis: Redis, settings: OrchestratorSettings) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        settings: OrchestratorSettings,
+        work_id_floor: Callable[[str], Awaitable[int]],
+    ) -> None:
+        """`work_id_floor(worker)`: one past the highest work id the ledger settled for the
+        worker, where numbering resumes if Redis lost the counter."""
         self.redis, self.settings = redis, settings
+        self._work_id_floor = work_id_floor
+        self._reserve = redis.register_script(_RESERVE_WORK_IDS)
         self.env = get_env(settings.recipe.env)
         # Read once: a task list is fixed for the run, and a bad file should stop start-up, not
         # the first lease.
@@ -177,6 +202,16 @@ class LeaseBook:
                 reclaimed.append(lease)
         return reclaimed
 
+    async def next_work_ids(self, worker: str, count: int) -> range:
+        """`count` fresh work ids of `worker`: consecutive, so the ledger settles 256 of them
+        per storage slot, and never reused, so no honest item is refused as a duplicate."""
+        key = WORK_IDS.format(worker=worker.lower())
+        last = int(await self._reserve(keys=[key], args=[count, ""]))
+        if last < 0:
+            floor = await self._work_id_floor(worker)
+            last = int(await self._reserve(keys=[key], args=[count, floor]))
+        return range(last - count, last)
+
     async def issue(self, worker: str, pool_id: int, min_version: int, count: int) -> list[Lease]:
         """`count` leases, recorded in one round trip: first the tasks of expired leases, then
         consecutive tasks of the pool's stream."""
@@ -200,11 +235,13 @@ class LeaseBook:
                 tasks.append(
                     (task.task_id, with_budget(task.prompt, target, recipe.length_reward), target)
                 )
+        work_ids = await self.next_work_ids(worker, len(tasks))
         leases = [
             Lease(
                 lease_id=secrets.token_hex(12),
                 worker=worker,
                 pool_id=pool_id,
+                work_id=work_id,
                 env=recipe.env,
                 task_id=task_id,
                 prompt=prompt,
@@ -217,7 +254,7 @@ class LeaseBook:
                 min_policy_version=min_version,
                 expires_at=now + self.settings.lease_ttl_s,
             )
-            for task_id, prompt, target in tasks
+            for (task_id, prompt, target), work_id in zip(tasks, work_ids, strict=True)
         ]
         # A lease record outlives its expiry long enough to be reclaimed and reissued.
         ttl = 2 * int(self.settings.lease_ttl_s) + 60

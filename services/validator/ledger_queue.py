@@ -1,13 +1,12 @@
 """Chain actions queued durably in Redis and flushed in batches.
 
 A verdict and its chain action are written in the same Redis transaction as the stream ACK, so
-a crash never loses an attestation; the contract skips keys it already attested, so replaying
-the queue after a lost receipt is safe.
+a crash never loses an attestation; the contract skips items it already settled, so replaying
+the queue after a lost receipt is safe. An item is named by its lease's work id.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -24,15 +23,11 @@ from . import metrics
 log = logging.getLogger("validator.chain")
 
 
-def work_key(pool_id: int, submission_id: str) -> bytes:
-    return hashlib.sha256(f"prime-swarm-work:{pool_id}:{submission_id}".encode()).digest()
-
-
 @dataclass
 class ChainAction:
     kind: str  # "attest" | "slash"
     worker: str
-    work_key: str  # hex
+    work_id: int
     units: int = 0
     reason: str = ""
 
@@ -79,7 +74,7 @@ class LedgerQueue:
             if attests:
                 res = self.ledger.attest_work(
                     self.pool_id,
-                    [Work(a.worker, bytes.fromhex(a.work_key), a.units) for a in attests],
+                    [Work(a.worker, a.work_id, a.units) for a in attests],
                 )
                 metrics.ATTESTED_UNITS.inc(sum(w.units for w in res.attested))
                 if res.skipped:
@@ -90,10 +85,10 @@ class LedgerQueue:
             for a in actions:
                 if a.kind == "slash":
                     try:
-                        self.ledger.slash(self.pool_id, a.worker, a.work_key, a.reason[:64])
+                        self.ledger.slash(self.pool_id, a.worker, a.work_id, a.reason)
                         metrics.SLASHES.inc()
                     except ChainError as exc:
-                        # Already-used key or a worker with nothing left to slash: not retryable.
+                        # An item already settled (by another validator): not retryable.
                         log.warning("slash not applied: %s", exc)
         except ChainError as exc:
             metrics.CHAIN_ERRORS.inc()

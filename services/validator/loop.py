@@ -31,7 +31,7 @@ from prime_swarm.protocol.messages import (
 )
 
 from . import metrics, stats
-from .ledger_queue import ChainAction, LedgerQueue, work_key
+from .ledger_queue import ChainAction, LedgerQueue
 from .settings import ValidatorSettings
 
 log = logging.getLogger("validator")
@@ -250,16 +250,16 @@ class Validator:
         pipe = self.r.pipeline(transaction=True)
         now = time.time()
         for entry_id, msg, verdict, verified in verdicts:
-            key = work_key(msg.lease.pool_id, msg.submission_id).hex()
+            work_id = msg.lease.work_id
             if verified is not None:
                 pipe.xadd(streams.ROLLOUTS_VERIFIED, streams.encode(verified))
-                action = ChainAction("attest", verdict.worker, key, units=verdict.units)
+                action = ChainAction("attest", verdict.worker, work_id, units=verdict.units)
             else:
                 pipe.xadd(streams.ROLLOUTS_REJECTED, streams.encode(verdict))
                 action = (
                     None
                     if verdict.reason in NOT_SLASHED
-                    else ChainAction("slash", verdict.worker, key, reason=str(verdict.reason))
+                    else ChainAction("slash", verdict.worker, work_id, reason=str(verdict.reason))
                 )
             if action is not None:
                 pipe.rpush(self.queue.key, action.dumps())

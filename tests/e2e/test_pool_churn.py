@@ -182,9 +182,13 @@ def test_two_validators_share_the_stream_without_colliding(churned) -> None:  # 
     assert {v.reason for v in verdicts if not v.accepted} <= {"stale_policy"}
     # What the chain credits is exactly what the validators accepted, each item once.
     ledger = LedgerClient(net.topo.rpc_url, net.topo.ledger, account=None, timeout=30)
-    events = ledger.work_attested_events(net.topo.pool_id)
-    keys = Counter(e.work_key for e in events)
+    # The audit path: every batch's items rebuilt from the chain alone and checked by root.
+    batches = ledger.events("BatchAttested", pool_id=net.topo.pool_id)
+    items = [
+        w for ev in batches for w in ledger.batch_items(net.topo.pool_id, ev["args"]["batch_id"])
+    ]
+    keys = Counter((w.worker.lower(), w.work_id) for w in items)
     assert max(keys.values()) == 1
-    assert {e.validator.lower() for e in events} == set(by_validator)
+    assert {ev["args"]["validator"].lower() for ev in batches} == set(by_validator)
     accepted_units = sum(v.units for v in verdicts if v.accepted)
-    assert ledger.attested_units(net.topo.pool_id) == accepted_units == sum(e.units for e in events)
+    assert ledger.attested_units(net.topo.pool_id) == accepted_units == sum(w.units for w in items)

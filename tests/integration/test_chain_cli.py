@@ -114,7 +114,7 @@ def test_deploy_create_pool_and_inspect(
         "--min-stake", "0.5ether", "--reward-per-unit", "2gwei", "--trainer", TRAINER,
     )  # fmt: skip
     assert pool == "1"
-    ok(capsys, "register-validator", *common, "--pool", pool, "--validator", validator.address)
+    ok(capsys, "add-validator", *common, "--pool", pool, "--validator", validator.address)
     ok(capsys, "set-orchestrator-url", *common, "--pool", pool, "--orchestrator-url", "http://o2")
     ok(capsys, "set-trainer", *common, "--pool", pool, "--trainer", trainer.address.lower())
     assert ok(capsys, "fund-pool", *common, "--pool", pool, "--amount", "3ether") == str(3 * 10**18)
@@ -128,7 +128,17 @@ def test_deploy_create_pool_and_inspect(
         "reward_per_unit": 2 * 10**9,
         "funds": 3 * 10**18,
         "total_attested_units": 0,
+        "status": "active",
+        "reporter_bps": 1000,
+        "burn_slashed": False,
+        "batches": 0,
+        "burnt": 0,
+        "challenge_blocks": 5,
+        "unbonding_blocks": 5,
     }
+    status = ok(capsys, "pool-status", *common, "--pool", pool)
+    assert "status            active" in status and "funds             3 ETH" in status
+    assert "min stake         0.5 ETH" in status
 
     worker_client = LedgerClient.from_deployment(record, worker)
     worker_client.join(1, 10**18)
@@ -140,6 +150,9 @@ def test_deploy_create_pool_and_inspect(
         True, 10**18, 0,
     )  # fmt: skip
     assert balances["unbonding_until"] == 0
+    status = ok(capsys, "worker-status", *common, "--pool", pool, "--worker", worker.address)
+    assert "membership    member" in status and "stake         1 ETH" in status
+    assert "rewards       0 ETH claimable, 0 ETH in the window" in status
     left = worker_client.leave(1)
     balances = json.loads(
         ok(capsys, "balances", *common, "--pool", pool, "--worker", worker.address)

@@ -3,24 +3,28 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 from web3.types import TxReceipt
 
+from prime_swarm.libs.chain import merkle
 from prime_swarm.libs.chain.anvil import Anvil
 from prime_swarm.libs.chain.client import MAX_BATCH, LedgerClient
 from prime_swarm.libs.chain.deploy import deploy_ledger
 from prime_swarm.libs.chain.deployment import Deployment
 from prime_swarm.libs.chain.errors import ChainError, ChainRevert
-from prime_swarm.libs.chain.models import SkipReason, Work, WorkStatus, work_key_for
+from prime_swarm.libs.chain.models import PoolStatus, SkipReason, Work
 
 ETH = 10**18
 MIN_STAKE = ETH
 RATE = 10**12  # wei per unit
-# Short, so that tests reach the end of unbonding with a cheap `anvil_mine`.
+# Short, so that tests reach the end of unbonding and of the challenge window with a cheap
+# `anvil_mine`.
 UNBONDING = 20
+CHALLENGE = 10
 TRAINER = Web3.to_checksum_address("0x" + "7e" * 20)
 ZERO = "0x" + "00" * 20
 
@@ -49,7 +53,10 @@ class Actors:
 @pytest.fixture(scope="module")
 def actors(anvil: Anvil) -> Actors:
     accounts = anvil.dev_accounts(20)
-    return Actors(deploy_ledger(anvil.rpc_url, accounts[0], unbonding_blocks=UNBONDING), accounts)
+    deployment = deploy_ledger(
+        anvil.rpc_url, accounts[0], unbonding_blocks=UNBONDING, challenge_blocks=CHALLENGE
+    )
+    return Actors(deployment, accounts)
 
 
 @pytest.fixture
@@ -61,8 +68,9 @@ def pool(actors: Actors) -> int:
     return pid
 
 
-def keys(prefix: str, n: int) -> list[bytes]:
-    return [work_key_for(f"{prefix}-{i}") for i in range(n)]
+def mature(client: LedgerClient) -> None:
+    """Mine past the challenge window of everything attested so far."""
+    mine_until(client, client.block_number() + 2 * CHALLENGE)
 
 
 def gas_cost(client: LedgerClient, tx_hash: bytes | str) -> int:
@@ -99,8 +107,16 @@ def test_deployment_record_and_checks(anvil: Anvil, actors: Actors) -> None:
     assert d.deployer == actors.accounts[0].address
     assert d.slash_bps == actors.reader.slash_bps() == 1000
     assert d.unbonding_blocks == actors.reader.unbonding_blocks() == UNBONDING
+    assert d.challenge_blocks == actors.reader.challenge_blocks() == CHALLENGE
     with pytest.raises(ChainError, match="unbonding_blocks must be >= 0"):
         deploy_ledger(anvil.rpc_url, actors.accounts[0], unbonding_blocks=-1)
+    # A window longer than unbonding would let a disputed worker withdraw before the dispute.
+    with pytest.raises(ChainError, match="challenge_blocks must be within 0..unbonding_blocks"):
+        deploy_ledger(anvil.rpc_url, actors.accounts[0], unbonding_blocks=5, challenge_blocks=6)
+    # The default window shrinks to a short unbonding period instead of failing.
+    assert (
+        deploy_ledger(anvil.rpc_url, actors.accounts[0], unbonding_blocks=5).challenge_blocks == 5
+    )
     with pytest.raises(ChainError, match="deployment is on 1"):
         LedgerClient.from_deployment(Deployment(**{**d.__dict__, "chain_id": 1}))
     with pytest.raises(ChainError, match="no contract at"):
@@ -117,7 +133,8 @@ def test_create_pool_ids_views_and_events(actors: Actors) -> None:
     assert (p.owner, p.orchestrator_url, p.trainer, p.min_stake, p.reward_per_unit) == (
         Actors.addr(actors.owner), "http://a.test", TRAINER, 5, 7,
     )  # fmt: skip
-    assert (p.funds, p.total_attested_units) == (0, 0)
+    assert (p.funds, p.total_attested_units, p.status) == (0, 0, PoolStatus.ACTIVE)
+    assert (p.reporter_bps, p.burn_slashed) == (1000, False)
     assert actors.reader.get_pool(second).owner == Actors.addr(actors.workers[1])
 
     [ev] = actors.reader.events("PoolCreated", from_block=start, pool_id=first)
@@ -295,7 +312,7 @@ def test_rejoin_during_unbonding(actors: Actors, pool: int) -> None:
 
     # ...unless a slash during unbonding took it below; then the gap must be paid.
     worker.leave(pool)
-    taken = actors.validator.slash(pool, me, work_key_for("rejoin"), "bad proof").amount
+    taken = actors.validator.slash(pool, me, 0, "bad proof").amount
     with pytest.raises(ChainRevert, match="stake below pool minimum"):
         worker.join(pool, taken - 1)
     worker.join(pool, taken)
@@ -328,7 +345,7 @@ def test_only_owner_registers_validators(actors: Actors, pool: int) -> None:
 
 
 def test_only_validators_attest(actors: Actors, pool: int) -> None:
-    work = [Work(Actors.addr(actors.workers[0]), work_key_for("x"), 1)]
+    work = [Work(Actors.addr(actors.workers[0]), 0, 1)]
     for outsider in (actors.stranger, actors.owner, actors.workers[0]):
         with pytest.raises(ChainRevert) as err:
             outsider.attest_work(pool, work)
@@ -337,155 +354,287 @@ def test_only_validators_attest(actors: Actors, pool: int) -> None:
     other = actors.owner.create_pool("http://other.test", 0, 0, TRAINER)
     with pytest.raises(ChainRevert, match="not a validator"):
         actors.validator.attest_work(other, work)
-    assert actors.reader.work_status(pool, work[0].work_key) == WorkStatus.NONE
+    assert not actors.reader.is_settled(pool, work[0].worker, 0)
+
+
+# --- pool lifecycle -----------------------------------------------------------------------------
+
+
+def test_pool_lifecycle_pending_active_ended(actors: Actors) -> None:
+    owner, worker = actors.owner, actors.workers[0]
+    a = Actors.addr(worker)
+    start = actors.reader.block_number() + 1
+    pid = owner.create_pool("http://life.test", MIN_STAKE, RATE, TRAINER, activate=False)
+    assert actors.reader.get_pool(pid).status == PoolStatus.PENDING
+    owner.register_validator(pid, Actors.addr(actors.validator))
+    with pytest.raises(ChainRevert, match="pool not active"):
+        worker.join(pid, MIN_STAKE)
+    with pytest.raises(ChainRevert, match="pool not active"):
+        actors.validator.attest_work(pid, [Work(a, 0, 1)])
+
+    # The slash policy is set while pending, by the owner, within bounds.
+    with pytest.raises(ChainRevert, match="not the pool owner"):
+        actors.stranger.set_slash_policy(pid, 0, True)
+    with pytest.raises(ChainRevert, match="reporter_bps above 10000"):
+        owner.set_slash_policy(pid, 10_001, False)
+    owner.set_slash_policy(pid, 2_500, True)
+
+    with pytest.raises(ChainRevert, match="not the pool owner"):
+        actors.stranger.activate_pool(pid)
+    owner.activate_pool(pid)
+    with pytest.raises(ChainRevert, match="pool not pending"):
+        owner.activate_pool(pid)
+    # ...and never again once workers can have joined under it.
+    with pytest.raises(ChainRevert, match="pool not pending"):
+        owner.set_slash_policy(pid, 0, False)
+    worker.join(pid, MIN_STAKE)
+    actors.validator.attest_work(pid, [Work(a, 0, 1)])
+
+    with pytest.raises(ChainRevert, match="not the pool owner"):
+        actors.stranger.end_pool(pid)
+    owner.end_pool(pid)
+    with pytest.raises(ChainRevert, match="pool already ended"):
+        owner.end_pool(pid)
+    with pytest.raises(ChainRevert, match="pool not active"):
+        actors.workers[1].join(pid, MIN_STAKE)
+    # Work leased before the end is still attested, and members still leave as usual.
+    assert actors.validator.attest_work(pid, [Work(a, 1, 1)]).attested == [Work(a, 1, 1)]
+    worker.leave(pid)
+
+    p = actors.reader.get_pool(pid)
+    assert (p.status, p.reporter_bps, p.burn_slashed) == (PoolStatus.ENDED, 2_500, True)
+    statuses = [
+        e["args"]["status"] for e in actors.reader.events("PoolStatusChanged", from_block=start)
+    ]
+    assert statuses == [PoolStatus.ACTIVE, PoolStatus.ENDED]
+    assert event_names(actors.reader, pid, start) == [
+        "PoolCreated", "ValidatorRegistered", "SlashPolicySet", "PoolStatusChanged",
+        "WorkerJoined", "WorkCredited", "BatchAttested", "PoolStatusChanged",
+        "WorkCredited", "BatchAttested", "WorkerLeft",
+    ]  # fmt: skip
 
 
 # --- attested work ------------------------------------------------------------------------------
 
 
-def test_attest_credits_units_and_rewards(actors: Actors, pool: int) -> None:
+def test_attest_credits_units_and_commits_a_merkle_root(actors: Actors, pool: int) -> None:
     a, b = Actors.addr(actors.workers[0]), Actors.addr(actors.workers[1])
     actors.workers[1].join(pool, MIN_STAKE)
     start = actors.reader.block_number() + 1
-    ka, kb = keys("credit-a", 3), keys("credit-b", 1)
-    work = [Work(a, k, 2) for k in ka] + [Work(b, kb[0], 5)]
+    work = [Work(b, 0, 5)] + [Work(a, i, 2) for i in range(3)]
 
     result = actors.validator.attest_work(pool, work)
-    assert result.attested == work and result.skipped == []
+    ordered = sorted(work, key=lambda w: (w.worker.lower(), w.work_id))
+    assert result.attested == ordered and result.skipped == []
+    [batch] = result.batches
+    assert batch.batch_id == 1 == actors.reader.batch_count(pool)
+    assert batch.root == merkle.root(pool, ordered)
     assert actors.reader.work_units(pool, a) == 6
     assert actors.reader.work_units(pool, b) == 5
-    assert actors.reader.reward_balance(pool, a) == 6 * RATE
-    assert actors.reader.reward_balance(pool, b) == 5 * RATE
     assert actors.reader.attested_units(pool) == 11
     assert actors.reader.get_pool(pool).total_attested_units == 11
-    assert all(actors.reader.work_status(pool, k) == WorkStatus.ATTESTED for k in ka + kb)
+    # Credited, but inside the challenge window: pending, not claimable.
+    rewards = actors.reader.rewards(pool, a)
+    assert (rewards.claimable, rewards.pending) == (0, 6 * RATE)
+    assert actors.reader.reward_balance(pool, b) == 5 * RATE
+    assert all(actors.reader.is_settled(pool, w.worker, w.work_id) for w in work)
+    assert not actors.reader.is_settled(pool, a, 3)
+    assert actors.reader.work_id_floor(pool, a) == 3
+    assert actors.reader.work_id_floor(pool, b) == 1
 
-    evs = actors.reader.work_attested_events(pool, from_block=start)
-    assert [(e.worker, e.work_key, e.units, e.reward) for e in evs] == [
-        (w.worker, w.work_key, w.units, w.units * RATE) for w in work
-    ]
-    assert {e.validator for e in evs} == {Actors.addr(actors.validator)}
-    assert len(actors.reader.work_attested_events(pool, from_block=start, worker=b)) == 1
+    # Every item proves against the root, on chain; a changed item does not.
+    for i, item in enumerate(ordered):
+        proof = merkle.proof(pool, ordered, i)
+        assert merkle.verify(pool, item, proof, batch.root)
+        assert actors.reader.verify_item(pool, batch.batch_id, item, proof)
+    proof = merkle.proof(pool, ordered, 0)
+    forged = Work(ordered[0].worker, ordered[0].work_id, ordered[0].units + 1)
+    assert not actors.reader.verify_item(pool, batch.batch_id, forged, proof)
+    assert not actors.reader.verify_item(pool, 99, ordered[0], proof)
+
+    credited = actors.reader.work_credited_events(pool, from_block=start)
+    assert sorted((e.worker, e.items, e.units, e.reward) for e in credited) == sorted(
+        [(a, 3, 6, 6 * RATE), (b, 1, 5, 5 * RATE)]
+    )
+    assert {e.batch_id for e in credited} == {1}
+    assert len(actors.reader.work_credited_events(pool, from_block=start, worker=b)) == 1
+    assert event_names(actors.reader, pool, start) == [
+        "WorkCredited", "WorkCredited", "BatchAttested",
+    ]  # fmt: skip
 
 
 def test_double_attestation_is_skipped(actors: Actors, pool: int) -> None:
     a = Actors.addr(actors.workers[0])
-    k1, k2 = keys("dup", 2)
-    actors.validator.attest_work(pool, [Work(a, k1, 4)])
+    actors.validator.attest_work(pool, [Work(a, 0, 4)])
     start = actors.reader.block_number() + 1
 
-    # A retry of the same key, and a key repeated inside one batch: paid once each.
-    result = actors.validator.attest_work(pool, [Work(a, k1, 4), Work(a, k2, 1), Work(a, k2, 1)])
-    assert result.attested == [Work(a, k2, 1)]
-    assert [(s.work_key, s.reason) for s in result.skipped] == [
-        (k1, SkipReason.ALREADY_ATTESTED),
-        (k2, SkipReason.ALREADY_ATTESTED),
+    # A retry of the same item, and an item repeated inside one batch: paid once each.
+    result = actors.validator.attest_work(pool, [Work(a, 0, 4), Work(a, 1, 1), Work(a, 1, 1)])
+    assert result.attested == [Work(a, 1, 1)]
+    assert [(s.work_id, s.reason) for s in result.skipped] == [
+        (0, SkipReason.SETTLED),
+        (1, SkipReason.SETTLED),
     ]
     assert actors.reader.work_units(pool, a) == 5
     assert actors.reader.reward_balance(pool, a) == 5 * RATE
-    assert event_names(actors.reader, pool, start) == ["WorkSkipped", "WorkAttested", "WorkSkipped"]
+    assert [b.items for b in result.batches] == [[Work(a, 1, 1)]]
+    assert event_names(actors.reader, pool, start) == [
+        "WorkSkipped", "WorkSkipped", "WorkCredited", "BatchAttested",
+    ]  # fmt: skip
+    # A batch that credits nothing commits nothing.
+    again = actors.validator.attest_work(pool, [Work(a, 0, 4)])
+    assert again.batches == [] and actors.reader.batch_count(pool) == 2
+
+
+def test_sparse_work_ids_are_still_exact(actors: Actors, pool: int) -> None:
+    """Ids far apart (a counter restarted from elsewhere) cost a word each but stay exact."""
+    a = Actors.addr(actors.workers[0])
+    far = [0, 255, 256, 2**64, 2**127]
+    assert len(actors.validator.attest_work(pool, [Work(a, i, 1) for i in far]).attested) == 5
+    assert all(actors.reader.is_settled(pool, a, i) for i in far)
+    assert not any(actors.reader.is_settled(pool, a, i) for i in (1, 254, 257, 2**64 + 1))
+    again = actors.validator.attest_work(pool, [Work(a, i, 1) for i in far])
+    assert again.attested == [] and len(again.skipped) == 5
+    assert actors.reader.work_id_floor(pool, a) == 2**127 + 1
 
 
 def test_non_member_work_is_skipped(actors: Actors, pool: int) -> None:
     outsider = Actors.addr(actors.stranger)
-    [k] = keys("outsider", 1)
-    result = actors.validator.attest_work(pool, [Work(outsider, k, 3)])
+    result = actors.validator.attest_work(pool, [Work(outsider, 0, 3)])
     assert result.attested == []
     assert [s.reason for s in result.skipped] == [SkipReason.NOT_MEMBER]
     assert actors.reader.reward_balance(pool, outsider) == 0
-    assert actors.reader.work_status(pool, k) == WorkStatus.NONE  # still open once they join
+    assert not actors.reader.is_settled(pool, outsider, 0)  # still open once they join
 
 
 def test_malformed_batches_refused(actors: Actors, pool: int) -> None:
     a = Actors.addr(actors.workers[0])
     with pytest.raises(ChainError, match="units must be positive"):
-        actors.validator.attest_work(pool, [Work(a, work_key_for("zero"), 0)])
-    with pytest.raises(ChainError, match="invalid work key"):
-        actors.validator.attest_work(pool, [Work(a, b"short", 1)])
+        actors.validator.attest_work(pool, [Work(a, 0, 0)])
+    with pytest.raises(ChainError, match="work id out of range"):
+        actors.validator.attest_work(pool, [Work(a, -1, 1)])
     with pytest.raises(ChainError, match="invalid address"):
-        actors.validator.attest_work(pool, [Work("0x1234", work_key_for("bad"), 1)])
+        actors.validator.attest_work(pool, [Work("0x1234", 0, 1)])
     # The contract's own checks, reached without the client's validation.
-    fn = actors.validator.contract.functions.attest_work(pool, [a, a], [work_key_for("r")], [1])
+    fn = actors.validator.contract.functions.attest_work(pool, [a, a], [0], [1])
     with pytest.raises(ChainRevert, match="array lengths differ"):
+        actors.validator._send(fn, "attest_work")
+    fn = actors.validator.contract.functions.attest_work(pool, [a], [0], [0])
+    with pytest.raises(ChainRevert, match="zero units"):
         actors.validator._send(fn, "attest_work")
 
 
 def test_batches_beyond_max_are_split(actors: Actors, pool: int) -> None:
     a = Actors.addr(actors.workers[0])
-    work = [Work(a, k, 1) for k in keys("big", MAX_BATCH + 6)]
+    work = [Work(a, i, 1) for i in range(MAX_BATCH + 6)]
     result = actors.validator.attest_work(pool, work)
-    assert len(result.txs) == 2
+    assert len(result.txs) == 2 and len(result.batches) == 2
     assert len(result.attested) == MAX_BATCH + 6
     assert actors.reader.attested_units(pool) == MAX_BATCH + 6
+    # The biggest batch's root still proves its items (the deepest proof the ledger takes).
+    big = result.batches[0]
+    assert len(big.items) == MAX_BATCH
+    proof = merkle.proof(pool, big.items, MAX_BATCH - 1)
+    assert actors.reader.verify_item(pool, big.batch_id, big.items[-1], proof)
 
 
-def test_attest_gas_for_batch_of_32(actors: Actors, pool: int) -> None:
-    """Record (and bound) the gas of a full validator batch: 32 fresh keys over 4 workers."""
-    for w in actors.workers[1:]:
-        w.join(pool, MIN_STAKE)
-    workers = [Actors.addr(w) for w in actors.workers] + [Actors.addr(actors.workers[0])]
-    work = [Work(workers[i % 4], k, 3) for i, k in enumerate(keys("gas", 32))]
-    result = actors.validator.attest_work(pool, work)
-    assert len(result.attested) == 32
-    print(f"attest_work gas, batch of 32: {result.gas_used}")
-    assert result.gas_used < 1_200_000
+def test_batch_items_rebuilt_from_the_chain_alone(actors: Actors, pool: int) -> None:
+    """The audit path: a reader with nothing but an RPC URL recovers a batch's items from its
+    calldata (less what the contract skipped) and proves each against the stored root."""
+    a, b = Actors.addr(actors.workers[0]), Actors.addr(actors.workers[1])
+    actors.workers[1].join(pool, MIN_STAKE)
+    actors.validator.attest_work(pool, [Work(a, 2, 1)])
+    sent = [Work(a, i, 3) for i in range(4)] + [
+        Work(b, 0, 7),
+        Work(actors.owner.account.address, 0, 1),
+    ]
+    result = actors.validator.attest_work(pool, sent)
+    [batch] = result.batches
+    items = actors.reader.batch_items(pool, batch.batch_id)
+    assert items == batch.items == result.attested
+    assert Work(a, 2, 3) not in items and len(items) == 4  # settled before / not a member
+    info = actors.reader.batch(pool, batch.batch_id)
+    assert (info.root, info.items, info.units, info.validator) == (
+        batch.root, 4, 3 * 3 + 7, Actors.addr(actors.validator),
+    )  # fmt: skip
+    for i, item in enumerate(items):
+        assert actors.reader.verify_item(pool, batch.batch_id, item, merkle.proof(pool, items, i))
+    with pytest.raises(ChainError, match="has no batch"):
+        actors.reader.batch(pool, 42)
 
 
 # --- slashing -----------------------------------------------------------------------------------
 
 
-def test_slash_takes_stake_into_funds_and_blocks_the_key(actors: Actors, pool: int) -> None:
-    a = Actors.addr(actors.workers[0])
-    bad, good = keys("slash", 2)
+def test_slash_pays_the_reporter_funds_the_pool_and_settles_the_item(
+    actors: Actors, pool: int
+) -> None:
+    a, validator = Actors.addr(actors.workers[0]), Actors.addr(actors.validator)
     start = actors.reader.block_number() + 1
 
     with pytest.raises(ChainRevert, match="not a validator"):
-        actors.stranger.slash(pool, a, bad, "bad proof")
+        actors.stranger.slash(pool, a, 0, "bad proof", amount=1)
 
-    result = actors.validator.slash(pool, a, bad, "toploc proof mismatch")
-    assert result.amount == MIN_STAKE * 1000 // 10_000
+    before = actors.reader.balance_of(validator)
+    result = actors.validator.slash(pool, a, 0, "toploc proof mismatch")
+    assert result.amount == MIN_STAKE * 1000 // 10_000  # the largest share: SLASH_BPS
+    assert result.reporter_share == result.amount // 10 and result.burnt == 0
     assert actors.reader.stake_of(pool, a) == MIN_STAKE - result.amount
-    assert actors.reader.pool_funds(pool) == result.amount
-    assert actors.reader.work_status(pool, bad) == WorkStatus.SLASHED
+    assert actors.reader.pool_funds(pool) == result.amount - result.reporter_share
+    fee = gas_cost(actors.validator, result.tx.tx_hash)
+    assert actors.reader.balance_of(validator) == before + result.reporter_share - fee
+    assert actors.reader.is_settled(pool, a, 0)
 
     [ev] = actors.reader.worker_slashed_events(pool, from_block=start)
-    assert (ev.worker, ev.work_key, ev.amount, ev.reason) == (
-        a, bad, result.amount, "toploc proof mismatch",
+    assert (ev.worker, ev.work_id, ev.amount, ev.reason, ev.validator) == (
+        a, 0, result.amount, "toploc proof mismatch", validator,
     )  # fmt: skip
-    assert ev.validator == Actors.addr(actors.validator)
 
-    # A slashed key is never paid, and cannot be slashed twice.
-    attest = actors.validator.attest_work(pool, [Work(a, bad, 9)])
-    assert [s.reason for s in attest.skipped] == [SkipReason.ALREADY_SLASHED]
+    # Rejected work is never paid afterwards, and cannot be slashed twice.
+    attest = actors.validator.attest_work(pool, [Work(a, 0, 9)])
+    assert [s.reason for s in attest.skipped] == [SkipReason.SETTLED]
     assert actors.reader.reward_balance(pool, a) == 0
-    with pytest.raises(ChainRevert, match="work key already slashed"):
-        actors.validator.slash(pool, a, bad, "again")
+    with pytest.raises(ChainRevert, match="work already settled"):
+        actors.validator.slash(pool, a, 0, "again", amount=0)
+    # ...and attested work cannot be slashed (a dispute is the way to reverse it).
+    actors.validator.attest_work(pool, [Work(a, 1, 1)])
+    with pytest.raises(ChainRevert, match="work already settled"):
+        actors.validator.slash(pool, a, 1, "late", amount=0)
 
-    # ...and an attested key cannot be slashed afterwards.
-    actors.validator.attest_work(pool, [Work(a, good, 1)])
-    with pytest.raises(ChainRevert, match="work key already attested"):
-        actors.validator.slash(pool, a, good, "late")
-    assert actors.reader.stake_of(pool, a) == MIN_STAKE - result.amount
-
+    stake = actors.reader.stake_of(pool, a)
+    with pytest.raises(ChainRevert, match="slash exceeds stake"):
+        actors.validator.slash(pool, a, 2, "too much", amount=stake + 1)
+    with pytest.raises(ChainRevert, match="slash above SLASH_BPS of stake"):
+        actors.validator.slash(pool, a, 2, "too much", amount=stake // 2)
+    assert actors.reader.stake_of(pool, a) == stake and not actors.reader.is_settled(pool, a, 2)
     assert event_names(actors.reader, pool, start) == [
-        "WorkerSlashed",
-        "WorkSkipped",
-        "WorkAttested",
-    ]
+        "WorkerSlashed", "WorkSkipped", "WorkCredited", "BatchAttested",
+    ]  # fmt: skip
+
+
+def test_slash_policy_can_burn_the_rest(actors: Actors) -> None:
+    pid = actors.owner.create_pool("http://burn.test", MIN_STAKE, RATE, TRAINER, activate=False)
+    actors.owner.set_slash_policy(pid, 0, True)
+    actors.owner.register_validator(pid, Actors.addr(actors.validator))
+    actors.owner.activate_pool(pid)
+    a = Actors.addr(actors.workers[2])
+    actors.workers[2].join(pid, MIN_STAKE)
+    result = actors.validator.slash(pid, a, 0, "cheat")
+    assert (result.reporter_share, result.burnt) == (0, result.amount)
+    assert actors.reader.burnt(pid) == result.amount
+    assert actors.reader.pool_funds(pid) == 0
 
 
 def test_leaving_does_not_dodge_a_pending_slash(actors: Actors, pool: int) -> None:
     """The stake stays slashable while it unbonds; withdraw pays only what the slash left."""
     worker, a = actors.workers[0], Actors.addr(actors.workers[0])
-    [k] = keys("departed", 1)
     left = worker.leave(pool)
     long_reason = "é" * 40  # 80 bytes: cut to the contract's 64, never refused
-    taken = actors.validator.slash(pool, a, k, long_reason).amount
+    taken = actors.validator.slash(pool, a, 0, long_reason).amount
     assert taken == MIN_STAKE * 1000 // 10_000
     [ev] = actors.reader.worker_slashed_events(pool, worker=a)
     assert ev.reason == "é" * 32
-    assert actors.reader.work_status(pool, k) == WorkStatus.SLASHED
-    assert actors.reader.pool_funds(pool) == taken
+    assert actors.reader.is_settled(pool, a, 0)
     assert actors.reader.stake_of(pool, a) == MIN_STAKE - taken
 
     mine_until(actors.reader, left.unbonding_until)
@@ -494,32 +643,83 @@ def test_leaving_does_not_dodge_a_pending_slash(actors: Actors, pool: int) -> No
 
 def test_attest_skips_a_worker_who_left(actors: Actors, pool: int) -> None:
     a = Actors.addr(actors.workers[0])
-    [k] = keys("after-leave", 1)
     actors.workers[0].leave(pool)
-    result = actors.validator.attest_work(pool, [Work(a, k, 3)])
+    result = actors.validator.attest_work(pool, [Work(a, 0, 3)])
     assert result.attested == []
     assert [(s.worker, s.reason) for s in result.skipped] == [(a, SkipReason.NOT_MEMBER)]
     assert actors.reader.reward_balance(pool, a) == 0
     assert actors.reader.work_units(pool, a) == 0
 
 
+# --- disputes -----------------------------------------------------------------------------------
+
+
+def test_dispute_reverses_an_attested_item_inside_the_window(actors: Actors, pool: int) -> None:
+    a = Actors.addr(actors.workers[0])
+    items = [Work(a, i, 4) for i in range(5)]
+    [batch] = actors.validator.attest_work(pool, items).batches
+    target, proof = items[2], merkle.proof(pool, items, 2)
+    start = actors.reader.block_number() + 1
+
+    with pytest.raises(ChainRevert, match="not a validator"):
+        actors.stranger.dispute(pool, batch.batch_id, target, proof, "x", amount=0)
+    with pytest.raises(ChainRevert, match="invalid merkle proof"):
+        actors.validator.dispute(pool, batch.batch_id, target, proof[:-1], "x", amount=0)
+    with pytest.raises(ChainRevert, match="invalid merkle proof"):
+        actors.validator.dispute(pool, batch.batch_id, Work(a, 2, 5), proof, "x", amount=0)
+    with pytest.raises(ChainRevert, match="unknown batch"):
+        actors.validator.dispute(pool, 77, target, proof, "x", amount=0)
+
+    result = actors.validator.dispute(pool, batch.batch_id, target, proof, "replayed proof")
+    assert result.amount == MIN_STAKE * 1000 // 10_000
+    assert actors.reader.work_units(pool, a) == 16
+    assert actors.reader.attested_units(pool) == 16
+    assert actors.reader.rewards(pool, a).pending == 16 * RATE
+    assert actors.reader.stake_of(pool, a) == MIN_STAKE - result.amount
+    [ev] = actors.reader.events("WorkDisputed", from_block=start, pool_id=pool)
+    assert (ev["args"]["work_id"], ev["args"]["units"], ev["args"]["reward"]) == (2, 4, 4 * RATE)
+    with pytest.raises(ChainRevert, match="already disputed"):
+        actors.validator.dispute(pool, batch.batch_id, target, proof, "again", amount=0)
+    assert event_names(actors.reader, pool, start) == ["WorkDisputed", "WorkerSlashed"]
+
+    # Once the window has passed, the attestation stands and its reward can be claimed.
+    mine_until(actors.reader, batch.tx.block_number + CHALLENGE)
+    with pytest.raises(ChainRevert, match="challenge window closed"):
+        actors.validator.dispute(
+            pool, batch.batch_id, items[0], merkle.proof(pool, items, 0), "late", amount=0
+        )
+    mature(actors.reader)
+    actors.owner.fund_pool(pool, ETH)
+    assert actors.workers[0].claim_rewards(pool) == 16 * RATE
+
+
 # --- rewards ------------------------------------------------------------------------------------
 
 
-def test_rewards_claimable_and_capped_by_funds(actors: Actors, pool: int) -> None:
+def test_rewards_claimable_after_the_window_and_capped_by_funds(actors: Actors, pool: int) -> None:
     worker, a = actors.workers[0], Actors.addr(actors.workers[0])
-    with pytest.raises(ChainRevert, match="no rewards to claim"):
+    with pytest.raises(ChainRevert, match="no matured rewards"):
         worker.claim_rewards(pool)
-    actors.validator.attest_work(pool, [Work(a, k, 10) for k in keys("claim", 3)])
+    attested = actors.validator.attest_work(pool, [Work(a, i, 10) for i in range(3)])
     owed = 30 * RATE
-    with pytest.raises(ChainRevert, match="pool has no funds"):
+    actors.owner.fund_pool(pool, 20 * RATE)
+    # Inside the challenge window nothing is claimable, funded or not.
+    with pytest.raises(ChainRevert, match="no matured rewards"):
         worker.claim_rewards(pool)
+    # A credit matures at the start of the epoch after next: strictly after its window.
+    epoch = attested.batches[0].tx.block_number // CHALLENGE
+    mine_until(actors.reader, (epoch + 2) * CHALLENGE - 2)
+    with pytest.raises(ChainRevert, match="no matured rewards"):
+        worker.claim_rewards(pool)
+    mine_until(actors.reader, (epoch + 2) * CHALLENGE)
+    assert actors.reader.rewards(pool, a).claimable == owed
 
     start = actors.reader.block_number() + 1
-    actors.owner.fund_pool(pool, 20 * RATE)  # underfunded: pays what it can
-    assert worker.claim_rewards(pool) == 20 * RATE
+    assert worker.claim_rewards(pool) == 20 * RATE  # underfunded: pays what it can
     assert actors.reader.reward_balance(pool, a) == owed - 20 * RATE
     assert actors.reader.pool_funds(pool) == 0
+    with pytest.raises(ChainRevert, match="pool has no funds"):
+        worker.claim_rewards(pool)
 
     actors.owner.fund_pool(pool, ETH)
     before = actors.reader.balance_of(a)
@@ -537,12 +737,76 @@ def test_rewards_claimable_and_capped_by_funds(actors: Actors, pool: int) -> Non
     ]
 
 
+def test_rewards_across_epochs_keep_their_own_windows(actors: Actors, pool: int) -> None:
+    """Credits of consecutive epochs sit in two buckets; each matures on its own."""
+    worker, a = actors.workers[0], Actors.addr(actors.workers[0])
+    actors.owner.fund_pool(pool, ETH)
+    first = actors.validator.attest_work(pool, [Work(a, 0, 1)]).batches[0].tx.block_number
+    e1 = first // CHALLENGE
+    mine_until(actors.reader, (e1 + 1) * CHALLENGE)  # the next epoch
+    actors.validator.attest_work(pool, [Work(a, 1, 2)])
+    mine_until(actors.reader, (e1 + 2) * CHALLENGE)
+    assert (actors.reader.rewards(pool, a).claimable, actors.reader.rewards(pool, a).pending) == (
+        RATE, 2 * RATE,
+    )  # fmt: skip
+    actors.validator.attest_work(pool, [Work(a, 2, 4)])  # reuses the first, matured bucket
+    assert actors.reader.rewards(pool, a).pending == 6 * RATE
+    assert worker.claim_rewards(pool) == RATE
+    mature(actors.reader)
+    mature(actors.reader)
+    assert worker.claim_rewards(pool) == 6 * RATE
+
+
 def test_rewards_survive_leaving(actors: Actors, pool: int) -> None:
     worker, a = actors.workers[0], Actors.addr(actors.workers[0])
     actors.owner.fund_pool(pool, ETH)
-    actors.validator.attest_work(pool, [Work(a, work_key_for("before-leave"), 7)])
+    actors.validator.attest_work(pool, [Work(a, 0, 7)])
     worker.leave(pool)
+    mature(actors.reader)
     assert worker.claim_rewards(pool) == 7 * RATE
+
+
+def test_reentrant_withdraw_and_claim_are_refused(actors: Actors, pool: int) -> None:
+    """A worker contract that calls back into the ledger when paid: paying out the stake, it
+    tries to claim its rewards too, and paying its rewards, to withdraw. The other call would
+    succeed on its own; inside a payment the lock refuses it, and each payment happens once."""
+    from prime_swarm.libs.chain.compile import compile_source
+    from prime_swarm.libs.chain.transactions import TxSender
+
+    owner = actors.accounts[13]
+    sender = TxSender(actors.reader.w3, owner, timeout=10)
+    artifact = compile_source(Path(__file__).parent / "contracts" / "ReentrantWorker.vy")
+    factory = actors.reader.w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
+    receipt = sender.send(factory.constructor(actors.reader.address, pool), "deploy attacker")
+    attacker = actors.reader.w3.eth.contract(
+        address=receipt["contractAddress"], abi=artifact["abi"]
+    )
+    addr = attacker.address
+
+    sender.send(attacker.functions.join(), "join", value=MIN_STAKE)
+    actors.validator.attest_work(pool, [Work(addr, 0, 5)])
+    actors.owner.fund_pool(pool, ETH)
+    sender.send(attacker.functions.leave(), "leave")
+    mine_until(actors.reader, actors.reader.unbonding_until(pool, addr))
+    mature(actors.reader)
+
+    sender.send(attacker.functions.withdraw(2), "withdraw, re-entering claim")
+    assert (
+        attacker.functions.reentered().call() and not attacker.functions.reentry_succeeded().call()
+    )
+    assert attacker.functions.received().call() == MIN_STAKE
+    assert actors.reader.rewards(pool, addr).claimable == 5 * RATE  # untouched by the attempt
+
+    sender.send(attacker.functions.join(), "rejoin", value=MIN_STAKE)
+    sender.send(attacker.functions.leave(), "leave")
+    mine_until(actors.reader, actors.reader.unbonding_until(pool, addr))
+    sender.send(attacker.functions.claim(1), "claim, re-entering withdraw")
+    assert (
+        attacker.functions.reentered().call() and not attacker.functions.reentry_succeeded().call()
+    )
+    assert attacker.functions.received().call() == MIN_STAKE + 5 * RATE
+    assert actors.reader.stake_of(pool, addr) == MIN_STAKE  # the re-entrant withdraw failed
+    assert actors.reader.balance_of(actors.reader.address) >= MIN_STAKE
 
 
 # --- clients ------------------------------------------------------------------------------------

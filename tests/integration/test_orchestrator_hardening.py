@@ -234,7 +234,7 @@ def test_a_worker_slashed_below_the_minimum_is_refused_leases(pool: Any) -> None
     owner = pool.ledger_as(pool.owner)
     if not owner.is_validator(pool.pool_id, pool.owner.address):
         owner.register_validator(pool.pool_id, pool.owner.address)
-    owner.slash(pool.pool_id, account.address, "0x" + "ab" * 32, "test")
+    owner.slash(pool.pool_id, account.address, 0, "test")
     refused = refused_soon(pool, account)  # so does WorkerSlashed
     assert refused is not None and refused.status == 403
     assert refused.reason == "stake_below_minimum"

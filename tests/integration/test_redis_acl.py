@@ -96,9 +96,14 @@ def test_each_role_does_its_job_with_the_services_code(acl_redis: SimpleNamespac
         try:
             settings = OrchestratorSettings(ledger_address="0x" + "5f" * 20, pool_id=1)
             assert (await PolicyTracker(r, settings).latest()).version == 1
-            leases = LeaseBook(r, settings)
+            async def chain_floor(worker: str) -> int:
+                return 7  # as if the ledger had settled ids 0..6 before Redis lost the counter
+
+            leases = LeaseBook(r, settings, chain_floor)
             worker = "0x" + "ab" * 20
             (lease,) = await leases.issue(worker, pool_id=1, min_version=0, count=1)
+            assert lease.work_id == 7
+            assert list(await leases.next_work_ids(worker, 3)) == [8, 9, 10]
             assert (await leases.get(lease.lease_id)) == lease
             assert await leases.open_count(worker) == 1
             assert await leases.mark_submitted(lease, "sub-1")

@@ -24,25 +24,30 @@ def test_ledger_abi_surface() -> None:
     assert {
         "create_pool", "set_orchestrator_url", "set_trainer", "pool", "pool_funds", "pool_count",
         "fund_pool", "join", "leave", "withdraw", "is_member", "stake_of", "unbonding_until",
-        "register_validator", "remove_validator", "is_validator", "attest_work", "work_status",
-        "work_units", "total_attested_units", "slash", "reward_balance", "claim_rewards",
-        "SLASH_BPS", "UNBONDING_BLOCKS", "MAX_BATCH",
+        "register_validator", "remove_validator", "is_validator", "attest_work", "is_settled",
+        "work_units", "work_id_floor", "total_attested_units", "batch_count", "batch",
+        "verify_item", "slash", "dispute", "rewards_of", "claim_rewards", "burnt",
+        "activate_pool", "end_pool", "set_slash_policy", "pool_state",
+        "SLASH_BPS", "UNBONDING_BLOCKS", "CHALLENGE_BLOCKS", "MAX_BATCH",
     } <= set(functions)  # fmt: skip
     assert {
         "PoolCreated", "PoolFunded", "WorkerJoined", "StakeAdded", "WorkerLeft", "StakeWithdrawn",
-        "ValidatorRegistered", "ValidatorRemoved", "WorkAttested", "WorkSkipped",
-        "WorkerSlashed", "RewardsClaimed", "OrchestratorUrlChanged", "TrainerChanged",
+        "ValidatorRegistered", "ValidatorRemoved", "BatchAttested", "WorkCredited",
+        "WorkSkipped", "WorkerSlashed", "WorkDisputed", "RewardsClaimed",
+        "OrchestratorUrlChanged", "TrainerChanged", "PoolStatusChanged", "SlashPolicySet",
     } <= events  # fmt: skip
     for payable in ("join", "fund_pool"):
         assert functions[payable]["stateMutability"] == "payable"
     attest_inputs = [i["type"] for i in functions["attest_work"]["inputs"]]
-    assert attest_inputs == ["uint256", "address[]", "bytes32[]", "uint256[]"]
+    assert attest_inputs == ["uint256", "address[]", "uint256[]", "uint256[]"]
 
     def types(entries: list[dict]) -> list[str]:
         return [e["type"] for e in entries]
 
     (constructor,) = (e for e in abi if e["type"] == "constructor")
-    assert [i["name"] for i in constructor["inputs"]] == ["slash_bps", "unbonding_blocks"]
+    assert [i["name"] for i in constructor["inputs"]] == [
+        "slash_bps", "unbonding_blocks", "challenge_blocks",
+    ]  # fmt: skip
     assert types(functions["create_pool"]["inputs"]) == ["string", "uint256", "uint256", "address"]
     assert types(functions["pool"]["outputs"]) == [
         "address", "string", "uint256", "uint256", "address",

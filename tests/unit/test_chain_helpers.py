@@ -1,4 +1,4 @@
-"""Pure helpers of libs/chain: amounts, work keys, revert reasons, anvil discovery."""
+"""Pure helpers of libs/chain: amounts, revert reasons, anvil discovery."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from prime_swarm.libs.chain import anvil
 from prime_swarm.libs.chain.cli import amount, build_parser
 from prime_swarm.libs.chain.deployment import Deployment, load_deployment, write_deployment
 from prime_swarm.libs.chain.errors import ChainError
-from prime_swarm.libs.chain.models import as_work_key, work_key_for
 from prime_swarm.libs.chain.transactions import revert_reason
 
 
@@ -36,16 +35,10 @@ def test_every_command_has_help() -> None:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert set(sub.choices) == {
         "address", "compile", "deploy", "create-pool", "set-orchestrator-url", "set-trainer",
-        "register-validator", "remove-validator", "fund-pool", "pool-info", "balances",
+        "register-validator", "add-validator", "remove-validator", "fund-pool", "pool-info",
+        "balances", "activate-pool", "end-pool", "set-slash-policy", "pool-status",
+        "worker-status",
     }  # fmt: skip
-
-
-def test_work_keys() -> None:
-    key = work_key_for("rollout-1")
-    assert len(key) == 32 and key != work_key_for("rollout-2")
-    assert as_work_key(key) == key == as_work_key("0x" + key.hex())
-    with pytest.raises(ValueError, match="32 bytes"):
-        as_work_key(b"short")
 
 
 @pytest.mark.parametrize(
@@ -62,7 +55,7 @@ def test_revert_reason(message: str, reason: str) -> None:
 
 def test_deployment_round_trip_and_errors(tmp_path: Path) -> None:
     d = Deployment(
-        "http://x", 1, "0x" + "11" * 20, "0x" + "22" * 20, 3, "0xab", "SwarmLedger", 10, 7200
+        "http://x", 1, "0x" + "11" * 20, "0x" + "22" * 20, 3, "0xab", "SwarmLedger", 10, 7200, 1800
     )
     write_deployment(tmp_path / "d.json", d)
     assert load_deployment(tmp_path / "d.json") == d

@@ -21,6 +21,7 @@ def make_lease() -> Lease:
         lease_id="l1",
         worker=WORKER,
         pool_id=1,
+        work_id=0,
         env="reverse",
         task_id="train-1",
         prompt="abc",

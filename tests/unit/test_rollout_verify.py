@@ -54,6 +54,7 @@ def lease() -> Lease:
         lease_id="lease-1",
         worker=WORKER,
         pool_id=1,
+        work_id=0,
         env="reverse",
         task_id=task_id,
         prompt=get_env("reverse").task_from_id(task_id).prompt,

@@ -31,6 +31,7 @@ def submitted(n: int) -> SubmittedRollout:
         lease_id=f"lease-{n}",
         worker=WORKER,
         pool_id=1,
+        work_id=n,
         env="reverse",
         task_id="reverse/train/1",
         prompt="p",
