@@ -96,6 +96,7 @@ def test_each_role_does_its_job_with_the_services_code(acl_redis: SimpleNamespac
         try:
             settings = OrchestratorSettings(ledger_address="0x" + "5f" * 20, pool_id=1)
             assert (await PolicyTracker(r, settings).latest()).version == 1
+
             async def chain_floor(worker: str) -> int:
                 return 7  # as if the ledger had settled ids 0..6 before Redis lost the counter
 
