@@ -164,6 +164,25 @@ def test_deploy_create_pool_and_inspect(
     ok(capsys, "remove-validator", *common, "--pool", pool, "--validator", validator.address)
     assert not LedgerClient.from_deployment(record).is_validator(1, validator.address)
 
+    # A pool opened pending: its slash policy set before anyone can join, then opened, ended.
+    second = ok(
+        capsys, "create-pool", *common, "--orchestrator-url", "http://orch.test:8001",
+        "--min-stake", "1ether", "--reward-per-unit", "1gwei", "--trainer", TRAINER, "--pending",
+    )  # fmt: skip
+    assert "status            pending" in ok(capsys, "pool-status", *common, "--pool", second)
+    ok(capsys, "set-slash-policy", *common, "--pool", second, "--reporter-bps", "2500", "--burn")
+    ok(capsys, "activate-pool", *common, "--pool", second)
+    status = ok(capsys, "pool-status", *common, "--pool", second)
+    assert "status            active" in status
+    assert "slashes           25 % to the reporter, the rest burnt" in status
+    code, _, err = run_cli(capsys, "set-slash-policy", *common, "--pool", second,
+                           "--reporter-bps", "0")  # fmt: skip
+    assert (code, err.strip()) == (
+        1, "prime-chain set-slash-policy: error: set_slash_policy reverted: pool not pending",
+    )  # fmt: skip
+    ok(capsys, "end-pool", *common, "--pool", second)
+    assert json.loads(ok(capsys, "pool-info", *common, "--pool", second))["status"] == "ended"
+
 
 def test_key_file_is_created_and_reused(
     anvil: Anvil, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -817,6 +817,22 @@ def test_read_only_client_cannot_send(actors: Actors, pool: int) -> None:
         actors.reader.join(pool, MIN_STAKE)
 
 
+def test_confirmed_events_wait_for_depth_and_never_repeat(actors: Actors, pool: int) -> None:
+    a = Actors.addr(actors.workers[0])
+    cursor = actors.reader.block_number() + 1
+    batch = actors.validator.attest_work(pool, [Work(a, 0, 1)]).batches[0]
+    evs, cursor = actors.reader.confirmed_events("BatchAttested", cursor, 3, pool_id=pool)
+    assert evs == []  # mined, but not 3 blocks deep yet
+    mine_until(actors.reader, batch.tx.block_number + 3)
+    evs, cursor = actors.reader.confirmed_events("BatchAttested", cursor, 3, pool_id=pool)
+    assert [e["args"]["batch_id"] for e in evs] == [batch.batch_id]
+    assert cursor == batch.tx.block_number + 1
+    mine_until(actors.reader, actors.reader.block_number() + 5)
+    assert actors.reader.confirmed_events("BatchAttested", cursor, 3, pool_id=pool)[0] == []
+    with pytest.raises(ChainError, match="confirmations must be >= 0"):
+        actors.reader.confirmed_events("BatchAttested", cursor, -1)
+
+
 def test_unreachable_node_is_a_chain_error(actors: Actors) -> None:
     from prime_swarm.libs.chain.anvil import free_port
 
