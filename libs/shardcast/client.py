@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import os
 import shutil
-import ssl
 import tempfile
 import threading
 import time
@@ -16,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import certifi
 import httpx
 import numpy as np
 from pydantic import ValidationError
@@ -35,8 +32,8 @@ from . import delta, routes
 from .errors import NotAvailableError, ShardHashError
 from .fetch import ShardTask, fetch_all
 from .manifest import READ_CHUNK, check_layout, delta_for
-from .rawhttp import RawHttp
 from .relays import RelayPool, as_pool
+from .transport import FetchOptions, ShardTransport, tls_context
 from .verify import ShardVerifier
 
 log = logging.getLogger("shardcast.client")
@@ -45,17 +42,10 @@ Progress = Callable[[int, int], None]  # (bytes done, bytes total); called from 
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 
 
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    """One verifying TLS context per process. httpx builds a new one (loading the CA bundle)
-    for every client, which profiled at 65% of a worker's policy fetch: shared, it costs once."""
-    return ssl.create_default_context(cafile=certifi.where())
-
-
 def make_http_client(timeout_s: float, max_connections: int = 32) -> httpx.Client:
     """A client whose every request has a timeout (connect, read, write and pool wait)."""
     return httpx.Client(
-        verify=_tls_context(),
+        verify=tls_context(),
         timeout=httpx.Timeout(timeout_s),
         limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=32),
         follow_redirects=False,
@@ -309,16 +299,22 @@ def download_version(
     ones; `verify_files=True` re-hashes whole files on top (a second sha256 pass, for audits).
     Files the signed manifest shares with `held` (same name, size and sha256) are linked from
     there rather than fetched.
-    Without a caller-supplied `http`, shard bodies use the lean socket path of `rawhttp`.
+    `http` (httpx) carries the manifest; shard bodies always travel on a `ShardTransport`.
     """
     if wait_s is None:
         wait_s = min(routes.MAX_WAIT_S, timeout_s / 2)
     pool = as_pool(relays)
     out_dir = Path(out_dir)
-    deadline = time.monotonic() + deadline_s if deadline_s is not None else None
+    opts = FetchOptions(
+        timeout_s=timeout_s,
+        wait_s=wait_s,
+        attempts_per_shard=attempts_per_shard,
+        deadline=time.monotonic() + deadline_s if deadline_s is not None else None,
+        max_workers=max_workers,
+    )
     own_http = http is None
-    client = http or make_http_client(timeout_s, max_connections=max(8, 2 * max_workers))
-    raw = RawHttp(timeout_s, max_idle_per_host=max(8, max_workers)) if own_http else None
+    client = http or make_http_client(timeout_s)
+    transport = ShardTransport(timeout_s, max_idle_per_host=max(8, max_workers))
     try:
         if manifest is None:
             signed = fetch_manifest(pool, version, trusted_trainer, timeout_s, http=client)
@@ -334,20 +330,7 @@ def download_version(
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.partial-"))
         try:
-            _download_into(
-                client,
-                pool,
-                signed,
-                staging,
-                attempts_per_shard,
-                deadline,
-                max_workers,
-                progress,
-                timeout_s,
-                wait_s,
-                raw,
-                held,
-            )
+            _download_into(transport, pool, signed, staging, opts, progress, held)
             if verify_files:
                 _verify_files(signed, staging)
             _install(staging, out_dir)
@@ -358,22 +341,16 @@ def download_version(
     finally:
         if own_http:
             client.close()
-        if raw is not None:
-            raw.close()
+        transport.close()
 
 
 def _download_into(
-    http: httpx.Client,
+    transport: ShardTransport,
     pool: RelayPool,
     signed: SignedManifest,
     staging: Path,
-    attempts_per_shard: int | None,
-    deadline: float | None,
-    max_workers: int,
+    opts: FetchOptions,
     progress: Progress | None,
-    timeout_s: float,
-    wait_s: float,
-    raw: RawHttp | None,
     held: HeldFiles | None = None,
 ) -> None:
     m = signed.manifest
@@ -399,18 +376,13 @@ def _download_into(
             os.ftruncate(fd, f.size)  # sparse: shards may land in any order
             tasks.extend(ShardTask(f, s) for s in f.shards)
         fetch_all(
-            http,
+            transport,
             pool,
             m.version,
             tasks,
             lambda t: _RegionSink(fds[t.file.name], t.shard),
-            attempts_per_shard=attempts_per_shard,
-            deadline=deadline,
-            max_workers=max_workers,
+            opts,
             on_shard_done=shard_done,
-            timeout_s=timeout_s,
-            wait_s=wait_s,
-            raw=raw,
         )
 
     try:

@@ -16,7 +16,7 @@ Three things keep a download moving when relays misbehave:
 
 from __future__ import annotations
 
-import re
+import http.client
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,21 +24,25 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Protocol
 
-import httpx
-
 from prime_swarm.protocol.messages import FileEntry, ShardInfo
 
 from . import routes
-from .errors import IntegrityError, NotAvailableError, ShardcastError, ShardHashError
-from .rawhttp import RawHttp, RawResponse
+from .errors import IntegrityError, NotAvailableError, ShardcastError
 from .relays import RelayPool
+from .transport import (
+    FetchOptions,
+    MissingShard,
+    RelayRefused,
+    ShardTransport,
+    TransportError,
+    check_framing,
+)
 
 # Pause between full rounds over every relay (e.g. all relays still pulling the version).
 BACKOFF_FIRST_S = 0.2
 BACKOFF_MAX_S = 2.0
 # Slowest transfer rate tolerated before a transfer is cut off and resumed elsewhere.
 MIN_RATE_BPS = 512 * 1024
-_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 
 class ShardSink(Protocol):
@@ -46,7 +50,7 @@ class ShardSink(Protocol):
 
     @property
     def received(self) -> int: ...
-    def write(self, chunk: bytes) -> None: ...
+    def write(self, chunk: bytes | memoryview) -> None: ...
     def reset(self) -> None: ...
     def commit(self) -> None: ...
     def abort(self) -> None: ...
@@ -61,12 +65,8 @@ class ShardTask:
 SinkFactory = Callable[[ShardTask], ShardSink]
 
 
-class _Missing(ShardcastError):
-    """The relay does not hold this shard (yet): try elsewhere, no blame."""
-
-
-class _RelayFailed(ShardcastError):
-    """The relay answered with an error status: count it against the relay's health."""
+class _DeadlinePassed(ShardcastError):
+    """A transfer ran past its own deadline: a trickling relay, cut off to resume elsewhere."""
 
 
 class Cancelled(ShardcastError):
@@ -77,20 +77,19 @@ def default_attempts(pool: RelayPool) -> int:
     return max(3, 2 * len(pool.urls))
 
 
-def transfer_deadline(shard: ShardInfo, timeout_s: float, wait_s: float) -> float:
+def transfer_deadline(shard: ShardInfo, opts: FetchOptions) -> float:
     """Seconds one attempt at `shard` may take: the wait, a timeout, and a minimum rate."""
-    return wait_s + timeout_s + shard.size / MIN_RATE_BPS
+    return opts.wait_s + opts.timeout_s + shard.size / MIN_RATE_BPS
 
 
 def fetch_shard(
-    http: httpx.Client,
+    transport: ShardTransport,
     relay: str,
     version: int,
     task: ShardTask,
     sink: ShardSink,
+    opts: FetchOptions,
     deadline: float | None = None,
-    wait_s: float = 0.0,
-    raw: RawHttp | None = None,
 ) -> None:
     """GET one shard (or its missing tail) from one relay into `sink`, then commit it.
 
@@ -98,113 +97,51 @@ def fetch_shard(
     the sink so the next attempt can resume with a Range request.
     """
     url = routes.join(relay, routes.shard_path(version, task.file.name, task.shard.index))
+    if opts.wait_s > 0:
+        url += f"?wait={opts.wait_s:g}"
     size = task.shard.size
     start = sink.received
-    # identity: compression only costs CPU on incompressible weights (and breaks Range offsets).
-    headers = {"Accept-Encoding": "identity"}
-    if 0 < start < size:
-        headers["Range"] = f"bytes={start}-"
-    params = {"wait": f"{wait_s:g}"} if wait_s > 0 else None
-    if (start < size or size == 0) and raw is not None and raw.supports(url):
-        _fetch_raw(raw, url, task, sink, deadline, wait_s, headers, start)
-    elif start < size or size == 0:
-        with http.stream("GET", url, headers=headers, params=params) as resp:
-            expected = _expected_body(resp, size, start, "Range" in headers)
-            if resp.status_code == 200 and start:
+    if start < size or size == 0:
+        # identity: compression only costs CPU on incompressible weights (and breaks Range).
+        headers = {"Accept-Encoding": "identity"}
+        if 0 < start < size:
+            headers["Range"] = f"bytes={start}-"
+
+        def on_response(status: int, resp_headers: http.client.HTTPMessage) -> int:
+            body = check_framing(status, resp_headers, size, start, "Range" in headers)
+            if body.start == 0 and start:
                 sink.reset()  # the relay ignored the Range: take the whole shard again
-            declared = resp.headers.get("content-length")
-            if declared is not None and declared.strip() != str(expected):
-                raise ShardHashError(f"Content-Length {declared} but {expected} bytes are due")
-            for chunk in resp.iter_bytes():  # as it arrives: a cut keeps every byte received
-                sink.write(chunk)
-                # httpx timeouts bound each read, not the transfer: a trickling relay needs this.
-                if deadline is not None and time.monotonic() > deadline:
-                    raise _RelayFailed("transfer deadline passed mid-shard")
+            return body.length
+
+        def on_chunk(chunk: memoryview) -> None:
+            sink.write(chunk)
+            # Socket timeouts bound each read, not the transfer: a trickling relay needs this.
+            if deadline is not None and time.monotonic() > deadline:
+                raise _DeadlinePassed("transfer deadline passed mid-shard")
+
+        transport.get(url, headers, on_response, on_chunk, opts.timeout_s + opts.wait_s)
     sink.commit()
 
 
-def _expected_body(resp: RawResponse | httpx.Response, size: int, start: int, ranged: bool) -> int:
-    """Check a shard response's status and framing; return how many body bytes are due."""
-    status = resp.status if isinstance(resp, RawResponse) else resp.status_code
-    if status in (404, 410):
-        raise _Missing(f"HTTP {status}")
-    if status == 206 and ranged:
-        cr = resp.headers.get("content-range", "")
-        m = _CONTENT_RANGE.match(cr)
-        if not m or int(m.group(1)) != start or m.group(3) not in (str(size), "*"):
-            raise ShardHashError(
-                f"Content-Range {cr!r} does not continue at byte {start} of a {size}-byte shard"
-            )
-        return size - start
-    if status == 200:
-        return size
-    raise _RelayFailed(f"HTTP {status}")
-
-
-def _fetch_raw(
-    raw: RawHttp,
-    url: str,
-    task: ShardTask,
-    sink: ShardSink,
-    deadline: float | None,
-    wait_s: float,
-    headers: dict[str, str],
-    start: int,
-) -> None:
-    size = task.shard.size
-    if wait_s > 0:
-        url += f"?wait={wait_s:g}"
-
-    def on_response(resp: RawResponse) -> int | None:
-        expected = _expected_body(resp, size, start, "Range" in headers)
-        if resp.headers.get("transfer-encoding") or resp.headers.get(
-            "content-encoding", "identity"
-        ) not in ("identity", ""):
-            raise _RelayFailed("unexpected transfer or content encoding")
-        declared = resp.headers.get("content-length")
-        if declared is None:
-            raise _RelayFailed("shard response without Content-Length")
-        if declared != str(expected):
-            raise ShardHashError(f"Content-Length {declared} but {expected} bytes are due")
-        if expected == size and start:
-            sink.reset()  # the relay ignored the Range: take the whole shard again
-        return expected
-
-    def on_chunk(chunk: memoryview) -> None:
-        sink.write(chunk)  # type: ignore[arg-type]
-        if deadline is not None and time.monotonic() > deadline:
-            raise _RelayFailed("transfer deadline passed mid-shard")
-
-    try:
-        raw.get(url, headers, on_response, on_chunk, read_timeout_s=raw.timeout_s + wait_s)
-    except OSError as exc:  # socket errors, timeouts and RawHttpError
-        raise _RelayFailed(f"{type(exc).__name__}: {exc}") from exc
-
-
 def fetch_all(
-    http: httpx.Client,
+    transport: ShardTransport,
     pool: RelayPool,
     version: int,
     tasks: Sequence[ShardTask],
     sink_factory: SinkFactory,
+    opts: FetchOptions,
     *,
-    attempts_per_shard: int | None = None,
-    deadline: float | None = None,
-    max_workers: int = 8,
     on_shard_done: Callable[[ShardTask], None] | None = None,
     stop: threading.Event | None = None,
-    timeout_s: float = 10.0,
-    wait_s: float = 0.0,
-    raw: RawHttp | None = None,
 ) -> None:
     """Fetch every task; raise NotAvailableError as soon as one shard exhausts its budget.
 
-    `deadline` (monotonic) bounds the whole call; each transfer is also bounded on its own (see
-    `transfer_deadline`). `wait_s` asks relays to hold a request for a shard still in flight.
+    `opts.deadline` bounds the whole call; each transfer is also bounded on its own (see
+    `transfer_deadline`). `opts.wait_s` asks relays to hold a request for a shard in flight.
     """
     if not tasks:
         return
-    attempts = attempts_per_shard or default_attempts(pool)
+    attempts = opts.attempts_per_shard or default_attempts(pool)
     abort = stop if stop is not None else threading.Event()
     # A private event lets a failure stop sibling threads without setting the caller's event.
     failed = threading.Event()
@@ -215,18 +152,7 @@ def fetch_all(
     def run(seq: int, task: ShardTask) -> None:
         try:
             _fetch_with_retries(
-                http,
-                pool,
-                version,
-                seq,
-                task,
-                sink_factory,
-                attempts,
-                deadline,
-                cancelled,
-                timeout_s,
-                wait_s,
-                raw,
+                transport, pool, version, seq, task, sink_factory, opts, attempts, cancelled
             )
         except BaseException:
             failed.set()
@@ -234,7 +160,7 @@ def fetch_all(
         if on_shard_done is not None:
             on_shard_done(task)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(tasks)))) as ex:
+    with ThreadPoolExecutor(max_workers=max(1, min(opts.max_workers, len(tasks)))) as ex:
         futures = [ex.submit(run, seq, t) for seq, t in enumerate(tasks)]
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         for f in futures:
@@ -247,19 +173,17 @@ def fetch_all(
 
 
 def _fetch_with_retries(
-    http: httpx.Client,
+    transport: ShardTransport,
     pool: RelayPool,
     version: int,
     seq: int,
     task: ShardTask,
     sink_factory: SinkFactory,
+    opts: FetchOptions,
     attempts: int,
-    deadline: float | None,
     cancelled: Callable[[], bool],
-    timeout_s: float,
-    wait_s: float,
-    raw: RawHttp | None,
 ) -> None:
+    deadline = opts.deadline
     tried: set[str] = set()
     rounds = 0
     reasons: list[str] = []
@@ -288,7 +212,7 @@ def _fetch_with_retries(
             if sink is None:
                 sink = sink_factory(task)
             before = sink.received
-            limit = now + transfer_deadline(task.shard, timeout_s, wait_s)
+            limit = now + transfer_deadline(task.shard, opts)
             if deadline is not None:
                 limit = min(limit, deadline)
             pool.begin(relay)
@@ -296,7 +220,7 @@ def _fetch_with_retries(
                 if before == 0:
                     sources.clear()
                 sources.add(relay)
-                fetch_shard(http, relay, version, task, sink, limit, wait_s, raw)
+                fetch_shard(transport, relay, version, task, sink, opts, limit)
             except IntegrityError as exc:
                 if sources == {relay}:
                     pool.demote(relay, f"{task.file.name}#{task.shard.index}: {exc}")
@@ -305,10 +229,10 @@ def _fetch_with_retries(
                 sink.reset()
                 sources.clear()
                 reasons.append(f"{relay}: {exc}")
-            except _Missing as exc:
+            except MissingShard as exc:
                 pool.record_miss(relay, str(exc))
                 reasons.append(f"{relay}: {exc}")
-            except (_RelayFailed, httpx.HTTPError) as exc:
+            except (RelayRefused, TransportError, _DeadlinePassed) as exc:
                 pool.record_error(relay, f"{type(exc).__name__}: {exc}")
                 reasons.append(f"{relay}: {type(exc).__name__}: {exc}")
             else:

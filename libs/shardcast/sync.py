@@ -19,9 +19,9 @@ from . import routes
 from .client import fetch_manifest, list_versions, make_http_client
 from .errors import NotAvailableError, ShardcastError
 from .fetch import ShardTask, fetch_all
-from .rawhttp import RawHttp
 from .relays import RelayPool
 from .store import VersionConflictError, VersionStore
+from .transport import FetchOptions, ShardTransport
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +53,12 @@ class ParentSync:
         # Pull versions that parents are still receiving, shard by shard as they verify them.
         self.cut_through = cut_through
         self.wait_s = min(routes.MAX_WAIT_S, max(1.0, timeout_s / 2)) if cut_through else 0.0
-        self.http = make_http_client(timeout_s, max_connections=max(8, 2 * max_workers))
-        self.raw = RawHttp(timeout_s, max_idle_per_host=max(8, max_workers))
+        self.http = make_http_client(timeout_s)  # listings and manifests
+        self.transport = ShardTransport(timeout_s, max_idle_per_host=max(8, max_workers))
 
     def close(self) -> None:
         self.http.close()
-        self.raw.close()
+        self.transport.close()
 
     def upstream_versions(self) -> set[int]:
         """Versions some parent lists: complete ones, and (cut-through) ones still arriving."""
@@ -112,19 +112,21 @@ class ParentSync:
         deadline = (
             started + self.version_deadline_s if self.version_deadline_s is not None else None
         )
+        opts = FetchOptions(
+            timeout_s=self.timeout_s,
+            wait_s=self.wait_s,
+            attempts_per_shard=self.attempts_per_shard,
+            deadline=deadline,
+            max_workers=self.max_workers,
+        )
         fetch_all(
-            self.http,
+            self.transport,
             self.parents,
             version,
             missing,
             lambda t: self.store.open_shard_writer(version, t.file.name, t.shard.index),
-            attempts_per_shard=self.attempts_per_shard,
-            deadline=deadline,
-            max_workers=self.max_workers,
+            opts,
             stop=self.stop,
-            timeout_s=self.timeout_s,
-            wait_s=self.wait_s,
-            raw=self.raw,
         )
         done = self.store.mark_complete(version)
         if done:

@@ -1,13 +1,16 @@
-"""Client download logic against scripted relays (httpx.MockTransport, no sockets)."""
+"""Client download logic against scripted relays: real HTTP on 127.0.0.1, the production
+shard transport."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 from eth_account import Account
+from scripted_relay import Reply, ScriptedRelay, closed_port_url
 
 from prime_swarm.libs.shardcast import (
     NotAvailableError,
@@ -33,43 +36,52 @@ def published(tmp_path: Path) -> tuple[Path, SignedManifest]:
     return d, sign_manifest(build_manifest(d, 5, 4, 16_384, TRAINER.address), TRAINER)
 
 
-def _transport(
-    model: Path, signed: SignedManifest, behaviour: dict[str, str]
-) -> httpx.MockTransport:
-    """behaviour maps relay host -> good | flip | overrun | missing | down."""
+def _script(model: Path, signed: SignedManifest, mode: str):  # type: ignore[no-untyped-def]
+    """mode: good | flip (one bit of every shard) | overrun (more bytes than the shard, and a
+    Content-Length that says so) | missing (404 for shards)."""
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        mode = behaviour[request.url.host]
-        if mode == "down":
-            raise httpx.ConnectError("refused", request=request)
-        path = request.url.path
+    def script(path: str, headers: object) -> Reply:
+        path = path.split("?")[0]
         if path == routes.VERSIONS:
-            return httpx.Response(
-                200, content=RelayVersions(versions=[5], latest=5).model_dump_json()
-            )
+            return Reply(body=RelayVersions(versions=[5], latest=5).model_dump_json().encode())
         if path == routes.manifest_path(5):
-            return httpx.Response(200, content=signed.model_dump_json())
+            return Reply(body=signed.model_dump_json().encode())
         for f in signed.manifest.files:
             for s in f.shards:
                 if path == routes.shard_path(5, f.name, s.index):
                     data = b"".join(iter_shard_bytes(model / f.name, s))
                     if mode == "missing":
-                        return httpx.Response(404)
+                        return Reply(404)
                     if mode == "flip":
                         data = bytes([data[0] ^ 1]) + data[1:]
-                    if mode == "overrun":  # no Content-Length, more bytes than the shard
-                        return httpx.Response(200, content=iter([data, b"X" * 999]))
-                    return httpx.Response(200, content=data)
-        return httpx.Response(404)
+                    if mode == "overrun":
+                        data += b"X" * 999
+                    return Reply(body=data)
+        return Reply(404)
 
-    return httpx.MockTransport(handler)
+    return script
+
+
+@contextmanager
+def _relays(published, behaviour: dict[str, str]) -> Iterator[dict[str, str]]:
+    """One real relay per name (`down`: a closed port); yields name -> URL."""
+    model, signed = published
+    servers = {
+        n: ScriptedRelay(_script(model, signed, m)) for n, m in behaviour.items() if m != "down"
+    }
+    try:
+        yield {n: servers[n].url if n in servers else closed_port_url() for n in behaviour}
+    finally:
+        for server in servers.values():
+            server.close()
 
 
 def _download(tmp_path: Path, published, behaviour: dict[str, str], **kw) -> tuple[Path, RelayPool]:
-    model, signed = published
-    pool = RelayPool([f"http://{h}" for h in behaviour])
-    http = httpx.Client(transport=_transport(model, signed, behaviour))
-    out = download_version(pool, "latest", tmp_path / "out", TRAINER.address, http=http, **kw)
+    with _relays(published, behaviour) as urls:
+        pool = RelayPool(list(urls.values()))
+        out = download_version(pool, "latest", tmp_path / "out", TRAINER.address, **kw)
+        names = {url: name for name, url in urls.items()}
+        pool.names = names  # type: ignore[attr-defined]
     return out, pool
 
 
@@ -80,8 +92,10 @@ def test_lying_relay_is_demoted_and_download_completes(
     out, pool = _download(tmp_path, published, {"liar": liar, "down": "down", "good": "good"})
     for f in published[0].iterdir():
         assert (out / f.name).read_bytes() == f.read_bytes()
-    assert list(pool.demoted) == ["http://liar"]
-    assert pool.report()["http://down"]["shards_ok"] == 0
+    names = pool.names  # type: ignore[attr-defined]
+    assert [names[u] for u in pool.demoted] == ["liar"]
+    down = next(u for u, n in names.items() if n == "down")
+    assert pool.report()[down]["shards_ok"] == 0
 
 
 def test_budget_exhausted_raises_and_leaves_nothing(tmp_path: Path, published) -> None:
@@ -111,25 +125,20 @@ def test_files_unchanged_since_a_held_version_are_linked_not_fetched(
     (held_dir / "config.json").write_text("{}")  # same bytes as v5's: linked
     (held_dir / "model.safetensors").write_bytes(os.urandom(70_000))  # other weights: fetched
     held = HeldFiles(held_dir, build_manifest(held_dir, 4, 3, 16_384, TRAINER.address))
-    asked: list[str] = []
-    transport = _transport(model, signed, {"good": "good"})
-
-    def counting(request: httpx.Request) -> httpx.Response:
-        asked.append(request.url.path)
-        return transport.handle_request(request)
-
-    http = httpx.Client(transport=httpx.MockTransport(counting))
-    out = download_version(
-        RelayPool(["http://good"]), 5, tmp_path / "out", TRAINER.address, http=http, held=held
-    )
-    for f in model.iterdir():
-        assert (out / f.name).read_bytes() == f.read_bytes()
-    assert not [a for a in asked if "config.json" in a]
-    assert [a for a in asked if "model.safetensors" in a]
-    # A held copy that vanished meanwhile (its version evicted) is fetched instead.
-    (held_dir / "config.json").unlink()
-    asked.clear()
-    download_version(
-        RelayPool(["http://good"]), 5, tmp_path / "again", TRAINER.address, http=http, held=held
-    )
+    relay = ScriptedRelay(_script(model, signed, "good"))
+    try:
+        out = download_version(
+            RelayPool([relay.url]), 5, tmp_path / "out", TRAINER.address, held=held
+        )
+        for f in model.iterdir():
+            assert (out / f.name).read_bytes() == f.read_bytes()
+        assert not [a for a in relay.requests if "config.json" in a]
+        assert [a for a in relay.requests if "model.safetensors" in a]
+        # A held copy that vanished meanwhile (its version evicted) is fetched instead.
+        (held_dir / "config.json").unlink()
+        relay.requests.clear()
+        download_version(RelayPool([relay.url]), 5, tmp_path / "again", TRAINER.address, held=held)
+        asked = relay.requests
+    finally:
+        relay.close()
     assert [a for a in asked if "config.json" in a]

@@ -1,13 +1,15 @@
-"""Range resume of partial shards and throughput-aware relay choice (no sockets)."""
+"""Range resume of partial shards (real HTTP on 127.0.0.1, the production transport) and
+throughput-aware relay choice."""
 
 from __future__ import annotations
 
 import os
 import re
+from email.message import Message
 from pathlib import Path
 
-import httpx
 from eth_account import Account
+from scripted_relay import Reply, ScriptedRelay
 
 from prime_swarm.libs.shardcast import RelayPool, build_manifest, download_version, routes
 from prime_swarm.libs.shardcast.manifest import iter_shard_bytes
@@ -29,39 +31,47 @@ def test_cut_transfer_resumes_with_range_on_another_relay(tmp_path: Path) -> Non
     sent = {"a": 0, "b": 0}
     ranges: list[str] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        host = request.url.host
-        if request.url.path == routes.manifest_path(1):
-            return httpx.Response(200, content=signed.model_dump_json())
-        data = shards[request.url.path]
-        if host == "a":  # sends half of every shard, then the connection drops
+    def manifest_or(path: str) -> Reply | None:
+        if path.split("?")[0] == routes.manifest_path(1):
+            return Reply(body=signed.model_dump_json().encode())
+        return None
 
-            def cut():  # type: ignore[no-untyped-def]
-                sent["a"] += len(data) // 2
-                yield data[: len(data) // 2]
-                raise httpx.ReadError("connection reset")
+    def relay_a(path: str, headers: Message) -> Reply:
+        """Sends half of every shard, then the connection drops."""
+        if (reply := manifest_or(path)) is not None:
+            return reply
+        data = shards[path.split("?")[0]]
+        sent["a"] += len(data) // 2
+        return Reply(body=data, cut_after=len(data) // 2)
 
-            return httpx.Response(200, headers={"Content-Length": str(len(data))}, content=cut())
-        rng = request.headers.get("range")
+    def relay_b(path: str, headers: Message) -> Reply:
+        if (reply := manifest_or(path)) is not None:
+            return reply
+        data = shards[path.split("?")[0]]
+        rng = headers.get("range")
         if rng is None:  # a shard that went to b first
             sent["b"] += len(data)
-            return httpx.Response(200, content=data)
+            return Reply(body=data)
         ranges.append(rng)
         start = int(re.match(r"bytes=(\d+)-$", rng).group(1))  # type: ignore[union-attr]
         sent["b"] += len(data) - start
-        return httpx.Response(
+        return Reply(
             206,
+            body=data[start:],
             headers={"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"},
-            content=data[start:],
         )
 
-    pool = RelayPool(["http://a", "http://b"])
-    http = httpx.Client(transport=httpx.MockTransport(handler))
-    out = download_version(
-        pool, 1, tmp_path / "out", TRAINER.address, http=http, max_workers=1, verify_files=True
-    )
+    a, b = ScriptedRelay(relay_a), ScriptedRelay(relay_b)
+    try:
+        pool = RelayPool([a.url, b.url])
+        out = download_version(
+            pool, 1, tmp_path / "out", TRAINER.address, max_workers=1, verify_files=True
+        )
+    finally:
+        a.close()
+        b.close()
     assert (out / f.name).read_bytes() == (d / f.name).read_bytes()
-    errors_a = pool.report()["http://a"]["errors"]
+    errors_a = pool.report()[a.url]["errors"]
     assert ranges and len(ranges) == errors_a
     # Nothing was downloaded twice: the halves from a plus the rest from b make the file.
     assert sent["a"] + sent["b"] == f.size
