@@ -45,6 +45,7 @@ T = TypeVar("T")
 # Mirrors MAX_BATCH in SwarmLedger.vy; longer batches are split into several transactions.
 MAX_BATCH = 256
 BPS = 10_000
+NEW_EPOCH_GAS_PER_WORKER = 25_000
 
 
 def to_address(value: str) -> str:
@@ -296,6 +297,9 @@ class LedgerClient:
                     [w.units for w in chunk],
                 ),
                 "attest_work",
+                # The estimate runs on the latest block; mined in a new challenge epoch, the
+                # batch opens a reward bucket per worker (a fresh slot, about 20k gas more).
+                extra_gas=NEW_EPOCH_GAS_PER_WORKER * len({w.worker for w in chunk}),
             )
             missed = self._skipped_in(receipt)
             skipped.extend(missed)
@@ -543,12 +547,12 @@ class LedgerClient:
 
     # --- plumbing ---------------------------------------------------------------------------
 
-    def _send(self, call: Buildable, action: str, value: int = 0) -> TxReceipt:
+    def _send(self, call: Buildable, action: str, value: int = 0, extra_gas: int = 0) -> TxReceipt:
         if self._sender is None:
             raise ChainError(f"{action} needs an account: this client is read-only")
         if value < 0:
             raise ChainError(f"{action}: negative value {value}")
-        return self._sender.send(call, action, value=value)
+        return self._sender.send(call, action, value=value, extra_gas=extra_gas)
 
     def _tx(self, call: Buildable, action: str, value: int = 0) -> TxInfo:
         return _tx_info(self._send(call, action, value))
