@@ -480,23 +480,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--amount", type=amount, required=True)
     _add_key_options(p)
 
-    p = command("pool-info", cmd_pool_info, "print a pool as JSON")
-    _add_deployment_options(p)
-    p.add_argument("--pool", type=pool_id, required=True)
-
-    p = command("balances", cmd_balances, "print a worker's stake and rewards as JSON")
-    _add_deployment_options(p)
-    p.add_argument("--pool", type=pool_id, required=True)
-    p.add_argument("--worker", type=address, required=True)
-
-    p = command("pool-status", cmd_pool_status, "show a pool: state, funds, work, rules")
-    _add_deployment_options(p)
-    p.add_argument("--pool", type=pool_id, required=True)
-
-    p = command("worker-status", cmd_worker_status, "show a worker: stake, work, rewards")
-    _add_deployment_options(p)
-    p.add_argument("--pool", type=pool_id, required=True)
-    p.add_argument("--worker", type=address, required=True)
+    # Reads: the JSON forms for scripts, the status forms for people.
+    for name, handler, text, per_worker in (
+        ("pool-info", cmd_pool_info, "print a pool as JSON", False),
+        ("balances", cmd_balances, "print a worker's stake and rewards as JSON", True),
+        ("pool-status", cmd_pool_status, "show a pool: state, funds, work, rules", False),
+        ("worker-status", cmd_worker_status, "show a worker: stake, work, rewards", True),
+    ):
+        p = command(name, handler, text)
+        _add_deployment_options(p)
+        p.add_argument("--pool", type=pool_id, required=True)
+        if per_worker:
+            p.add_argument("--worker", type=address, required=True)
     return parser
 
 
