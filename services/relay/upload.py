@@ -36,10 +36,10 @@ def _after_write(state: RelayState, version: int, list_missing: bool = False) ->
         evicted = state.store.evict(state.settings.keep_versions)
         if evicted:
             log.info("evicted versions %s", evicted, extra={"evicted": evicted})
-    missing = [] if complete else state.store.missing_shards(version)
     reply: dict[str, object] = {"version": version, "complete": complete}
-    reply["missing_shards"] = len(missing)
+    reply["missing_shards"] = 0 if complete else state.store.missing_count(version)
     if list_missing:  # the uploader skips what the store linked from an earlier version
+        missing = [] if complete else state.store.missing_shards(version)
         reply["missing"] = [[f.name, s.index] for f, s in missing]
     return reply
 

@@ -61,6 +61,33 @@ def test_version_is_listed_only_when_complete(tmp_path: Path) -> None:
     assert again.versions() == [1] and again.get_manifest(1) == signed
 
 
+def test_missing_shards_are_tracked_as_writers_commit(tmp_path: Path) -> None:
+    """One scan per version, then every commit, rejected write and fresh store keeps the count
+    exact (the origin and relays ask after every shard)."""
+    store = VersionStore(tmp_path / "store")
+    d, signed = _version(tmp_path, 1)
+    store.put_manifest(signed)
+    shards = [(f, s) for f in signed.manifest.files for s in f.shards]
+    assert store.missing_count(1) == len(shards)
+    for done, (f, s) in enumerate(shards, 1):
+        with store.open_shard_writer(1, f.name, s.index) as w:
+            w.write(b"x")  # a wrong start: the writer refuses it and nothing becomes held
+            with pytest.raises(ShardHashError):
+                w.commit()
+        assert store.missing_count(1) == len(shards) - done + 1
+        with store.open_shard_writer(1, f.name, s.index) as w:
+            for chunk in iter_shard_bytes(d / f.name, s):
+                w.write(chunk)
+            w.commit()
+        assert store.missing_count(1) == len(shards) - done
+        assert [(g.name, t.index) for g, t in store.missing_shards(1)] == [
+            (g.name, t.index) for g, t in shards[done:]
+        ]
+        # A store opened on the same directory (a restarted relay) scans and agrees.
+        assert VersionStore(tmp_path / "store").missing_count(1) == len(shards) - done
+    assert store.mark_complete(1)
+
+
 def test_bad_shard_bytes_are_never_visible(tmp_path: Path) -> None:
     store = VersionStore(tmp_path / "store")
     d, signed = _version(tmp_path, 1)
