@@ -47,13 +47,7 @@ from prime_swarm.libs.model.io import save_pretrained
 from prime_swarm.libs.model.tokenizer import build_tokenizer, decode, prompt_ids
 from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rl.grpo import Rollout, grpo_step, make_optimizer
-from prime_swarm.libs.shardcast import (
-    DEFAULT_SHARD_SIZE,
-    delta,
-    download_version,
-    fetch_manifest,
-    publish_version,
-)
+from prime_swarm.libs.shardcast import delta, download_version, fetch_manifest, publish_version
 from prime_swarm.libs.shardcast.client import HeldFiles, wait_for_version
 from prime_swarm.libs.shardcast.relays import RelayPool
 from shardcast.net import ShapedNamespaces, namespaces_available  # noqa: E402
@@ -68,7 +62,7 @@ ARCH = {  # about 113M parameters; the same shape as bench/toploc/cross_device.p
     "max_position_embeddings": 128,
 }
 LR = 1e-6
-SHARD = DEFAULT_SHARD_SIZE  # what the trainer publishes
+SHARD = 16 * 1024 * 1024
 
 
 def rl_step(lm: CausalLM, opt: torch.optim.Optimizer, step: int, prompts: int = 8) -> float:

@@ -13,7 +13,7 @@ import time
 
 from eth_account import Account
 
-from prime_swarm.libs.shardcast import DEFAULT_SHARD_SIZE, publish_version
+from prime_swarm.libs.shardcast import publish_version
 
 
 def main() -> int:
@@ -21,7 +21,7 @@ def main() -> int:
     p.add_argument("--origin", required=True)
     p.add_argument("--model-dir", required=True)
     p.add_argument("--version", type=int, default=1)
-    p.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE)
+    p.add_argument("--shard-size", type=int, default=16 * 1024 * 1024)
     p.add_argument("--parent-version", type=int, default=None)
     p.add_argument("--parent-dir", default=None)
     args = p.parse_args()

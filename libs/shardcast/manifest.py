@@ -11,12 +11,7 @@ from prime_swarm.protocol.messages import FileDelta, FileEntry, Manifest, ShardI
 
 from .errors import ManifestLayoutError, UnsafeNameError
 
-# The trainer's shard size, and every publisher's default. Measured with bench/shardcast_bench.py
-# (ours only, one run each): 128 MiB to 8 clients through 2 relays on 200 Mbit shaped links took
-# 35-40 s in 16 MiB shards, 25-27 s in 4 MiB and 24.7 s in 1 MiB (lower bound 21.5 s), because a
-# relay forwards a shard only once it holds and verified all of it; 512 MiB on loopback took
-# 14-15 s in 16 MiB or 4 MiB shards and 20.8 s in 1 MiB (requests cost CPU on 2 cores).
-DEFAULT_SHARD_SIZE = 4 * 1024 * 1024
+DEFAULT_SHARD_SIZE = 16 * 1024 * 1024
 # Read granularity while hashing: large enough for throughput, small enough to bound memory.
 READ_CHUNK = 1024 * 1024
 

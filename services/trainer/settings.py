@@ -12,7 +12,6 @@ from prime_swarm.libs.rl.defaults import RL
 from prime_swarm.libs.rl.grpo import GRPOConfig
 from prime_swarm.libs.rl.loss import LossConfig
 from prime_swarm.libs.rollout.recipe import Recipe
-from prime_swarm.libs.shardcast.manifest import DEFAULT_SHARD_SIZE
 
 
 class TrainerSettings(BaseSettings):
@@ -54,12 +53,7 @@ class TrainerSettings(BaseSettings):
         description="Past this many dropped groups in one step, train on what is there: a "
         "solved task set must not stall the trainer forever.",
     )
-    shard_size: int = Field(
-        DEFAULT_SHARD_SIZE,
-        gt=0,
-        description="SHARDCAST shard size in bytes: the unit a relay forwards once it holds it "
-        "whole, and the unit of resume (see DEFAULT_SHARD_SIZE for the measurement).",
-    )
+    shard_size: int = Field(1 << 20, gt=0, description="SHARDCAST shard size in bytes.")
     keep_checkpoints: int = Field(4, ge=1, description="Local versions kept on disk.")
     consumer: str = Field("trainer-0", description="Consumer name in the trainer group.")
     reclaim_idle_ms: int = Field(30_000, description="Reclaim entries idle this long.")
