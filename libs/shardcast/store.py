@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 from prime_swarm.protocol.messages import FileEntry, ShardInfo, SignedManifest
 
@@ -36,6 +37,9 @@ _MANIFEST = "manifest.json"
 _COMPLETE = "COMPLETE"
 _SHARDS = "shards"
 
+WriterState = Literal["writing", "committed", "failed"]
+ShardKey = tuple[int, str, int]  # (version, file name, shard index)
+
 
 class NotHeldError(ShardcastError, LookupError):
     """The store has no such version, file or shard (never held, or evicted)."""
@@ -46,19 +50,33 @@ class VersionConflictError(ShardcastError):
 
 
 class ShardWriter:
-    """Receives one shard's bytes; only `commit()` after full verification makes them visible."""
+    """Receives one shard's bytes; only `commit()` after full verification makes them visible.
+
+    While it writes, a relay may already stream the received prefix downstream (byte-level
+    cut-through, see `follow.py`): `readable` is how many bytes the temporary file holds,
+    `generation` changes when they are thrown away (`reset`), and `state` says how it ended.
+    Those bytes are unverified; every downstream reader hashes the shard itself.
+    """
 
     def __init__(
-        self, final: Path, shard: ShardInfo, on_commit: Callable[[], None] | None = None
+        self,
+        final: Path,
+        shard: ShardInfo,
+        on_commit: Callable[[], None] | None = None,
+        on_close: Callable[[ShardWriter], None] | None = None,
     ) -> None:
         self.final = final
         self.shard = shard
         self._on_commit = on_commit
+        self._on_close = on_close
         self._verifier = ShardVerifier(shard)
         fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
-        self._tmp = Path(tmp)
+        self.tmp_path = Path(tmp)
         self._fh = os.fdopen(fd, "wb")
         self._done = False
+        self.readable = 0
+        self.generation = 0
+        self.state: WriterState = "writing"
 
     @property
     def received(self) -> int:
@@ -67,9 +85,15 @@ class ShardWriter:
     def write(self, chunk: bytes) -> None:
         self._verifier.update(chunk)  # raises before an oversized chunk touches the disk
         self._fh.write(chunk)
+        # Flushed so a cut-through reader of the temporary file sees every byte counted here.
+        self._fh.flush()
+        self.readable = self._verifier.received
 
     def reset(self) -> None:
         """Drop what was received so far (the shard is fetched again from its start)."""
+        # Generation first: a reader that read before the truncate still checks it afterwards.
+        self.generation += 1
+        self.readable = 0
         self._fh.seek(0)
         self._fh.truncate()
         self._verifier = ShardVerifier(self.shard)
@@ -80,7 +104,8 @@ class ShardWriter:
             self._fh.close()
             # No fsync: a torn shard after a power loss is caught by every downloader's hash
             # check, and syncing each shard would cost more than it protects.
-            os.replace(self._tmp, self.final)
+            os.replace(self.tmp_path, self.final)
+            self.state = "committed"
         except FileNotFoundError as exc:
             raise NotHeldError("version was evicted while the shard was being written") from exc
         finally:
@@ -92,8 +117,12 @@ class ShardWriter:
         if self._done:
             return
         self._done = True
+        if self.state == "writing":
+            self.state = "failed"
         self._fh.close()
-        self._tmp.unlink(missing_ok=True)
+        self.tmp_path.unlink(missing_ok=True)
+        if self._on_close is not None:
+            self._on_close(self)
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -118,6 +147,8 @@ class VersionStore:
         # each) made a version's arrival quadratic in its shard count: 512 shards took 52 s
         # instead of 15 s on loopback.
         self._missing: dict[int, set[tuple[str, int]]] = {}
+        # Shards being written now, for cut-through readers (the newest writer of each wins).
+        self._writing: dict[ShardKey, ShardWriter] = {}
         self._cleanup_leftovers()
 
     # ------------------------------------------------------------ paths
@@ -235,7 +266,23 @@ class VersionStore:
             final.parent.mkdir(exist_ok=True)
         except FileNotFoundError as exc:
             raise NotHeldError(f"version {version} was evicted") from exc
-        return ShardWriter(final, shard, on_commit=lambda: self._held(version, name, index))
+        key = (version, name, index)
+
+        def closed(writer: ShardWriter) -> None:
+            with self._lock:
+                if self._writing.get(key) is writer:
+                    del self._writing[key]
+
+        writer = ShardWriter(
+            final, shard, on_commit=lambda: self._held(version, name, index), on_close=closed
+        )
+        with self._lock:
+            self._writing[key] = writer
+        return writer
+
+    def writer_of(self, version: int, name: str, index: int) -> ShardWriter | None:
+        """The writer still receiving this shard, if any (for byte-level cut-through)."""
+        return self._writing.get((version, name, index))
 
     def _held(self, version: int, name: str, index: int) -> None:
         with self._lock:

@@ -253,3 +253,55 @@ def test_fetch_command_shows_progress_and_refuses_forged_relay(
         timeout=60,
     )
     assert half.returncode == 2 and "--held-version" in half.stderr
+
+
+def test_origin_streams_a_shard_while_its_upload_is_still_arriving(
+    tmp_path: Path, trainer: LocalAccount, servers: list[Server]
+) -> None:
+    """Byte-level cut-through: the first half of a shard is downloadable before the second half
+    has been uploaded; a downstream reader of an upload that fails is cut off, never served a
+    complete wrong shard."""
+    origin = _origin(tmp_path, trainer, servers)
+    model = _model(tmp_path, "m", weights=1_000_000)
+    signed = sign_manifest(build_manifest(model, 1, None, 1_000_000, trainer.address), trainer)
+    f = next(f for f in signed.manifest.files if f.name == "model.safetensors")
+    assert httpx.put(f"{origin.url}/v1/versions/1/manifest", content=signed.model_dump_json())
+    data = b"".join(iter_shard_bytes(model / f.name, f.shards[0]))
+    url = f"{origin.url}/v1/versions/1/files/{f.name}/shards/0"
+
+    def upload(body: bytes, second_half: threading.Event) -> None:
+        def chunks() -> Iterator[bytes]:
+            yield body[: len(body) // 2]
+            assert second_half.wait(20)
+            yield body[len(body) // 2 :]
+
+        httpx.put(url, content=chunks(), timeout=30)
+
+    for tampered in (True, False):
+        body = data[:-1] + bytes([data[-1] ^ 1]) if tampered else data
+        release = threading.Event()
+        t = threading.Thread(target=upload, args=(body, release))
+        t.start()
+        try:
+            with httpx.stream("GET", url, params={"wait": 10}, timeout=15) as r:
+                assert r.status_code == 200
+                assert int(r.headers["content-length"]) == len(data)
+                stream = r.iter_raw()
+                got = b""
+                while len(got) < len(data) // 2:
+                    got += next(stream)
+                assert got[: len(data) // 2] == data[: len(data) // 2]  # before the rest exists
+                release.set()
+                if tampered:
+                    # The origin's hash check fails at the end: the response is cut short.
+                    with pytest.raises(httpx.RemoteProtocolError):
+                        for chunk in stream:
+                            got += chunk
+                    assert len(got) < len(data)
+                else:
+                    got += b"".join(stream)
+                    assert got == data
+        finally:
+            release.set()
+            t.join()
+    assert httpx.get(url).content == data  # the good upload is what the origin holds
