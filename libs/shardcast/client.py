@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import mmap
 import os
 import shutil
 import tempfile
@@ -15,7 +16,6 @@ from pathlib import Path
 from typing import Literal
 
 import httpx
-import numpy as np
 from pydantic import ValidationError
 
 from prime_swarm.protocol.manifest_signing import ManifestError, verify_manifest
@@ -413,30 +413,70 @@ def _download_into(
 
 def _rebuild(f: FileEntry, d: FileDelta, parent: Path, staging: Path) -> bool:
     """Write `f` into `staging` from the held parent file and the fetched (shard-verified)
-    delta, keeping it only if it hashes to the signed `f.sha256`; the delta file goes."""
+    delta, keeping it only if it hashes to the signed `f.sha256`; the delta file goes.
+
+    The parent is copied inside the kernel and patched through a shared mapping of the copy:
+    no user-space buffer of the file's size, whose first-touch page faults made a rebuild cost
+    0.9 s instead of 0.3 s (208 MB) in every freshly started worker.
+    """
     delta_path = staging / d.delta.name
+    target = staging / f.name
+    padded = f.size + f.size % 2  # the delta works on 16-bit words
     try:
-        # One buffer, no copies and no zero-fill: read the parent into it, patch it in place,
-        # hash it, write it.
-        words = np.empty(-(-f.size // 2), dtype=delta.WORD)
-        words[-1:] = 0  # the pad byte of an odd-sized file
-        buf = memoryview(words).cast("B")
-        view = buf[: f.size]
-        with open(parent, "rb") as fh:
-            if fh.readinto(view) != f.size:
-                raise delta.DeltaError(f"{f.name}: the held parent file is short")
-        delta.apply_in_place(buf, f.size, delta_path.read_bytes())
-        if hashlib.sha256(view).hexdigest() != f.sha256:
+        body = delta_path.read_bytes()
+        with open(parent, "rb") as src, open(target, "w+b") as out:
+            if os.fstat(src.fileno()).st_size != f.size:
+                raise delta.DeltaError(f"{f.name}: the held parent file has another size")
+            _copy_file(src.fileno(), out.fileno(), f.size)
+            out.truncate(padded)  # the pad byte of an odd-sized file, zero
+            digest = _patch_and_hash(out.fileno(), padded, f.size, body)
+            out.truncate(f.size)
+        if digest != f.sha256:
             raise delta.DeltaError(f"{f.name}: rebuilt file differs from the signed one")
-        with open(staging / f.name, "wb") as out:
-            out.write(view)
         return True
     except (delta.DeltaError, OSError) as exc:
         log.warning("delta not used, fetching the file: %s", exc)
-        (staging / f.name).unlink(missing_ok=True)
+        target.unlink(missing_ok=True)
         return False
     finally:
         delta_path.unlink(missing_ok=True)
+
+
+def _copy_file(src: int, dst: int, size: int) -> None:
+    """Copy `size` bytes in the kernel (copy_file_range), or through user space where the file
+    systems cannot."""
+    copied = 0
+    try:
+        while copied < size:
+            n = os.copy_file_range(src, dst, size - copied, copied, copied)
+            if n == 0:
+                raise delta.DeltaError("the held parent file is short")
+            copied += n
+        return
+    except OSError:
+        if copied:
+            raise
+    os.lseek(src, 0, os.SEEK_SET)
+    os.lseek(dst, 0, os.SEEK_SET)
+    with open(src, "rb", closefd=False) as fin, open(dst, "wb", closefd=False) as fout:
+        shutil.copyfileobj(fin, fout, READ_CHUNK * 4)
+
+
+def _patch_and_hash(fd: int, padded: int, size: int, body: bytes) -> str:
+    """Apply the delta to the file `fd` in place (mapped shared) and hash its first `size` bytes."""
+    if padded == 0:
+        delta.apply_in_place(bytearray(), 0, body)
+        return hashlib.sha256(b"").hexdigest()
+    # Populated up front: one batch of mappings instead of a fault per page the patch touches.
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    with mmap.mmap(fd, padded, flags=flags) as mapped:
+        view = memoryview(mapped)
+        try:
+            delta.apply_in_place(view, size, body)
+            with view[:size] as content:
+                return hashlib.sha256(content).hexdigest()
+        finally:
+            view.release()
 
 
 def _link_held(held: HeldFiles | None, f: FileEntry, staging: Path) -> bool:

@@ -27,6 +27,9 @@ MAGIC = b"PSD2"
 # magic, file length in bytes, changed words, packed gap bytes, packed XOR bytes
 _HEADER = struct.Struct("<4sQQQQ")
 WORD = np.dtype("<u2")
+# Level 1: the encode sits on the trainer's path to every version, before the manifest exists.
+# On 104M bf16 words with 3 % changed, level 6 took 0.50 s and level 1 0.17 s for 7 % more bytes.
+ZLIB_LEVEL = 1
 
 
 class DeltaError(ValueError):
@@ -40,8 +43,8 @@ def encode(parent: bytes | memoryview, new: bytes | memoryview) -> bytes | None:
     old_w, new_w = _words(parent), _words(new)
     changed = np.flatnonzero(old_w != new_w)
     gaps = np.diff(changed, prepend=-1).astype("<u4")  # >= 1 each; the first from -1
-    packed = zlib.compress(_split_planes(gaps), 6)
-    xors = zlib.compress(_split_planes((old_w[changed] ^ new_w[changed]).astype(WORD)), 6)
+    packed = zlib.compress(_split_planes(gaps), ZLIB_LEVEL)
+    xors = zlib.compress(_split_planes((old_w[changed] ^ new_w[changed]).astype(WORD)), ZLIB_LEVEL)
     header = _HEADER.pack(MAGIC, len(new), len(changed), len(packed), len(xors))
     return header + packed + xors
 

@@ -65,12 +65,24 @@ def publish_version(
     delta is small enough to be worth a second path (`DELTA_MAX_FRACTION`).
     """
     model_dir = Path(model_dir)
-    manifest = build_manifest(model_dir, version, parent_version, shard_size, account.address)
     with tempfile.TemporaryDirectory(prefix="prime-swarm-deltas-") as scratch:
+        # Hashing the files and encoding the deltas both read every byte and both release the
+        # GIL (hashlib, numpy, zlib): side by side they take the time of the longer one, and
+        # the manifest, which every download waits for, exists sooner.
+        with ThreadPoolExecutor(max_workers=2) as ex:
+            building = ex.submit(
+                build_manifest, model_dir, version, parent_version, shard_size, account.address
+            )
+            encoding = (
+                ex.submit(encode_deltas, model_dir, Path(parent_dir), Path(scratch), shard_size)
+                if parent_dir is not None and parent_version is not None
+                else None
+            )
+            manifest = building.result()
+            if encoding is not None:
+                manifest = manifest.model_copy(update={"deltas": encoding.result()})
         sources = {f.name: model_dir / f.name for f in manifest.files}
-        if parent_dir is not None and parent_version is not None:
-            manifest = offer_deltas(manifest, model_dir, Path(parent_dir), Path(scratch))
-            sources.update({d.delta.name: Path(scratch) / d.delta.name for d in manifest.deltas})
+        sources.update({d.delta.name: Path(scratch) / d.delta.name for d in manifest.deltas})
         return _upload(
             origin_url,
             manifest,
@@ -84,29 +96,39 @@ def publish_version(
 
 
 def offer_deltas(manifest: Manifest, model_dir: Path, parent_dir: Path, scratch: Path) -> Manifest:
-    """`manifest` with a delta for each file that changed from `parent_dir`'s and kept its
+    """`manifest` with the deltas of `encode_deltas`."""
+    deltas = encode_deltas(model_dir, parent_dir, scratch, manifest.shard_size)
+    return manifest.model_copy(update={"deltas": deltas})
+
+
+def encode_deltas(
+    model_dir: Path, parent_dir: Path, scratch: Path, shard_size: int
+) -> list[FileDelta]:
+    """A delta for each file of `model_dir` that changed from `parent_dir`'s and kept its
     length, written to `scratch` as `<name>.delta`."""
-    names = {f.name for f in manifest.files}
+    names = {p.name for p in model_dir.iterdir() if p.is_file()}
     offered = []
-    for f in manifest.files:
-        parent_file, name = parent_dir / f.name, f"{f.name}.delta"
-        if name in names or not parent_file.is_file() or parent_file.stat().st_size != f.size:
+    for fname in sorted(names):
+        parent_file, name = parent_dir / fname, f"{fname}.delta"
+        new_file = model_dir / fname
+        size = new_file.stat().st_size
+        if name in names or not parent_file.is_file() or parent_file.stat().st_size != size:
             continue
         old = parent_file.read_bytes()
-        parent_sha = hashlib.sha256(old).hexdigest()
-        if parent_sha == f.sha256:
+        new = new_file.read_bytes()
+        if old == new:
             continue  # unchanged: the origin, relays and clients link it from the parent
-        new = (model_dir / f.name).read_bytes()
         estimate = delta.changed_share(old, new) * delta.BYTES_PER_CHANGED_WORD / 2
         if estimate > DELTA_MAX_FRACTION:
             continue  # most words changed (fp32 after a large step): not worth encoding
         body = delta.encode(old, new)
-        if body is None or len(body) > DELTA_MAX_FRACTION * f.size:
+        if body is None or len(body) > DELTA_MAX_FRACTION * size:
             continue
         (scratch / name).write_bytes(body)
-        entry = hash_file(scratch / name, name, manifest.shard_size)
-        offered.append(FileDelta(name=f.name, parent_sha256=parent_sha, delta=entry))
-    return manifest.model_copy(update={"deltas": offered})
+        entry = hash_file(scratch / name, name, shard_size)
+        parent_sha = hashlib.sha256(old).hexdigest()
+        offered.append(FileDelta(name=fname, parent_sha256=parent_sha, delta=entry))
+    return offered
 
 
 def _upload(
