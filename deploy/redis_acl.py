@@ -173,7 +173,7 @@ VALIDATOR = Role(
 TRAINER = Role(
     "trainer",
     grants=(
-        Grant(keys=("trainer:*",), commands=("sadd", "sismember")),
+        Grant(keys=("trainer:*",), commands=("sadd", "sismember", "hset", "hsetnx")),
         Grant(keys=(streams.ROLLOUTS_VERIFIED,), commands=(*GROUP_READER, "xlen")),
         Grant(keys=(streams.ROLLOUTS_REJECTED,), commands=("xlen",), read_only=True),
         Grant(keys=(streams.POLICY_ANNOUNCEMENTS,), commands=("xadd", "xrevrange")),

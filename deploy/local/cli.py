@@ -20,7 +20,7 @@ from prime_swarm.libs.localnet.process import ProcessFailed
 from prime_swarm.libs.rl.filtering import DEFAULT_BAND
 from prime_swarm.protocol.messages import StepProgress
 
-from .settings import LocalNetworkSettings
+from .settings import ChaosSettings, LocalNetworkSettings
 
 if TYPE_CHECKING:
     from .network import Topology
@@ -276,6 +276,8 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     text = "run the whole network locally and train"
     up = add_settings(sub.add_parser("up", help=text, description=text), LocalNetworkSettings)
+    text = "a local run with every part killed and restarted at random; writes chaos.json"
+    chaos_cmd = add_settings(sub.add_parser("chaos", help=text, description=text), ChaosSettings)
     text = "create the Redis ACL, passwords and keys docker-compose.yml mounts"
     compose_secrets.add_arguments(sub.add_parser("compose-secrets", help=text, description=text))
     text = (
@@ -290,9 +292,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "filter-tasks":
         filter_tasks(args, functools.partial(fail, filter_cmd.prog))
         return
-    settings = up.load(args)
     try:
-        run(settings)
+        if args.command == "chaos":
+            from . import chaos
+
+            chaos.run(chaos_cmd.load(args))
+            return
+        run(up.load(args))
     except (ProcessFailed, TimeoutError) as exc:
         print(f"prime-swarm: the run failed: {exc}", file=sys.stderr)
         sys.exit(1)

@@ -248,6 +248,17 @@ class LocalNetwork:
             proc.kill()
         return proc.stop()
 
+    def crash_and_restart(self, name: str) -> None:
+        """SIGKILL `name` (a service process, or "redis") and start it again as it was: the
+        same command, port, key and data directory, as a supervisor would."""
+        if name == "redis":
+            assert self.redis is not None
+            self.redis.crash_and_restart()
+            return
+        proc = self.procs[name]
+        proc.kill()
+        self.procs[name] = proc.respawn()
+
     @property
     def sources(self) -> str:
         """Where workers and the validator fetch policies: the relay first, and the origin

@@ -75,3 +75,19 @@ class LocalNetworkSettings(BaseSettings):
         description="Keep the network up after training, so others can join it (prints the "
         "`prime-worker join` line), until Ctrl-C.",
     )
+
+
+class ChaosSettings(LocalNetworkSettings):
+    """`prime-swarm chaos`: a local run with parts killed and restarted. Variables PRIME_CHAOS_."""
+
+    model_config = SettingsConfigDict(env_prefix="PRIME_CHAOS_", extra="ignore")
+
+    steps: int = Field(
+        1000, ge=1, description="A cap: the run ends `steps_after` steps after the last kill."
+    )
+    kills_each: int = Field(3, ge=1, description="SIGKILLs of each part during the run.")
+    seed: int = Field(0, description="Seed of the kill order, the victims and the moments.")
+    gap_min_s: float = Field(4.0, gt=0, description="Shortest pause between two kills.")
+    gap_max_s: float = Field(9.0, gt=0, description="Longest pause between two kills.")
+    steps_after: int = Field(4, ge=1, description="Steps trained after the last kill.")
+    out: Path = Field(Path("bench/results/chaos.json"), description="Where the result goes.")

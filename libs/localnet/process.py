@@ -89,6 +89,11 @@ class ManagedProcess:
                 pass
         self.proc.wait(5)
 
+    def respawn(self) -> ManagedProcess:
+        """The same command started again (its log appended to): a supervisor's restart."""
+        self.stop()
+        return ManagedProcess(self.name, self.argv, self.log_path.parent, self.env, self.cwd)
+
     def stop(self, timeout_s: float = 10.0) -> int | None:
         if self._log.closed:
             return self.proc.returncode

@@ -55,6 +55,12 @@ class RedisServer:
         except redis.AuthenticationError:
             return True  # up, and refusing the default user as its ACL file says
 
+    def crash_and_restart(self) -> None:
+        """SIGKILL, then the same server on the same port and directory: it replays its AOF."""
+        self.process.kill()
+        self.process = self.process.respawn()
+        self.process.wait_until(self._ping, 30.0, "answering PING after a restart")
+
     def url_for(self, user: str, password: str) -> str:
         return f"redis://{user}:{password}@127.0.0.1:{self.port}/0"
 

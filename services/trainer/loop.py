@@ -36,7 +36,7 @@ from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import PolicyAnnouncement, StepProgress, VerifiedRollout
 
 from . import metrics, progress
-from .persist import TRAINED, Persister, Snapshot
+from .persist import DROPPED, TRAINED, TRAINED_BY_STEP, Persister, Snapshot
 from .settings import TrainerSettings
 
 log = logging.getLogger("trainer")
@@ -92,6 +92,7 @@ class Trainer:
             state = ckpt.load_state(self.root, v)
             if state and state.trained:
                 self.r.sadd(TRAINED, *state.trained)
+                self.r.hsetnx(TRAINED_BY_STEP, str(v), ",".join(state.trained))
         if not versions:
             model = load_pretrained(self.s.init_model_dir)
             step, state = 0, ckpt.TrainerState(step=0)
@@ -187,7 +188,7 @@ class Trainer:
                     # Bounded staleness (DESIGN.md §3.4): too old to train on by now.
                     self.counters["stale"] += 1
                     metrics.STALE_DROPPED.inc()
-                    self.reader.ack(e.entry_id)
+                    self._drop(e, msg, "stale")
                 elif (
                     self.s.filter_zero_variance
                     and filtered_now < self.s.max_filtered_per_step
@@ -196,11 +197,17 @@ class Trainer:
                     filtered_now += 1
                     self.counters["filtered"] += 1
                     metrics.FILTERED.inc()
-                    self.reader.ack(e.entry_id)
+                    self._drop(e, msg, "zero_variance")
                 else:
                     batch.append(msg)
                     ids.append(e.entry_id)
         return batch, ids
+
+    def _drop(self, e: Entry[VerifiedRollout], msg: VerifiedRollout, reason: str) -> None:
+        """Acknowledge a group that will not be trained, recording why (before the ack, so a
+        crash between the two only records it twice)."""
+        self.r.hset(DROPPED, msg.submission_id, reason)
+        self.reader.ack(e.entry_id)
 
     # ------------------------------------------------------------------ step
     def train_step(self) -> StepProgress:

@@ -33,6 +33,11 @@ from . import metrics
 
 log = logging.getLogger("trainer")
 TRAINED = "trainer:trained_submissions"
+# Audit trail, read by `prime-swarm chaos`: each saved step's trained ids (written once per
+# step, also when a restart re-adds a saved step's ids), and every id dropped untrained, with
+# why. A submission in two steps' lists was trained twice.
+TRAINED_BY_STEP = "trainer:trained_by_step"
+DROPPED = "trainer:dropped_submissions"
 
 
 @dataclass
@@ -105,6 +110,7 @@ class Persister:
         pipe = self.r.pipeline(transaction=True)
         if snap.state.trained:
             pipe.sadd(TRAINED, *snap.state.trained)
+            pipe.hsetnx(TRAINED_BY_STEP, str(snap.state.step), ",".join(snap.state.trained))
         if snap.entry_ids:
             pipe.xack(streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP, *snap.entry_ids)
         pipe.execute()

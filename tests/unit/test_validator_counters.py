@@ -8,62 +8,15 @@ from collections import defaultdict
 from types import SimpleNamespace
 
 import redis
+from rollout_messages import WORKER, submitted, verdict
 
 from prime_swarm.protocol import streams
 from prime_swarm.protocol import worker_stats as ws
 from prime_swarm.protocol.messages import (
-    CompletionSample,
-    Lease,
-    RolloutSubmission,
-    SamplingParams,
-    SubmittedRollout,
-    Verdict,
     VerifiedCompletion,
     VerifiedRollout,
 )
 from prime_swarm.services.validator.loop import Validator
-
-WORKER = "0x" + "AB" * 20
-
-
-def submitted(n: int) -> SubmittedRollout:
-    lease = Lease(
-        lease_id=f"lease-{n}",
-        worker=WORKER,
-        pool_id=1,
-        work_id=n,
-        env="reverse",
-        task_id="reverse/train/1",
-        prompt="p",
-        group_size=1,
-        sampling=SamplingParams(temperature=1.0, max_new_tokens=8),
-        seed=n,
-        min_policy_version=0,
-        expires_at=time.time() + 60,
-    )
-    sub = RolloutSubmission(
-        lease_id=lease.lease_id,
-        worker=WORKER,
-        pool_id=1,
-        task_id=lease.task_id,
-        policy_version=0,
-        prompt_token_ids=[1],
-        completions=[CompletionSample(token_ids=[2, 3, 4], finish_reason="eos", proof=b"p")],
-    )
-    return SubmittedRollout(submission_id=f"s-{n}", lease=lease, submission=sub)
-
-
-def verdict(msg: SubmittedRollout, reason: str | None) -> Verdict:
-    return Verdict(
-        submission_id=msg.submission_id,
-        lease_id=msg.lease.lease_id,
-        worker=WORKER,
-        pool_id=1,
-        accepted=reason is None,
-        reason=reason,
-        units=3 if reason is None else 0,
-        validator="0x" + "22" * 20,
-    )
 
 
 def test_commit_counts_accepted_units_and_rejections_by_reason(
