@@ -121,13 +121,16 @@ def encode_deltas(
         estimate = delta.changed_share(old, new) * delta.BYTES_PER_CHANGED_WORD / 2
         if estimate > DELTA_MAX_FRACTION:
             continue  # most words changed (fp32 after a large step): not worth encoding
-        body = delta.encode(old, new)
-        if body is None or len(body) > DELTA_MAX_FRACTION * size:
-            continue
-        (scratch / name).write_bytes(body)
-        entry = hash_file(scratch / name, name, shard_size)
-        parent_sha = hashlib.sha256(old).hexdigest()
-        offered.append(FileDelta(name=fname, parent_sha256=parent_sha, delta=entry))
+        # The parent's hash beside the encode (hashlib releases the GIL): both are on the path
+        # to the manifest.
+        with ThreadPoolExecutor(max_workers=1) as ex:
+            parent_sha = ex.submit(lambda b=old: hashlib.sha256(b).hexdigest())
+            body = delta.encode(old, new)
+            if body is None or len(body) > DELTA_MAX_FRACTION * size:
+                continue
+            (scratch / name).write_bytes(body)
+            entry = hash_file(scratch / name, name, shard_size)
+            offered.append(FileDelta(name=fname, parent_sha256=parent_sha.result(), delta=entry))
     return offered
 
 
@@ -159,27 +162,34 @@ def _upload(
         )
         # The origin links the shards an earlier version holds unchanged and lists the rest.
         missing = _missing(reply)
+        deltas = {d.delta.name for d in signed.manifest.deltas}
         jobs = [
             (f, s)
             for f in served_files(signed.manifest)
             for s in f.shards
             if missing is None or (f.name, s.index) in missing
         ]
-        with ThreadPoolExecutor(max_workers=max(1, max_workers)) as ex:
-            # list() re-raises the first upload failure here.
-            list(
-                ex.map(
-                    lambda j: _put_shard(
-                        client,
-                        origin_url,
-                        sources[j[0].name],
-                        version,
-                        *j,
-                        attempts=attempts_per_shard,
-                    ),
-                    jobs,
+        # Deltas whole before the full files start, as relays pull them: the clients rebuilding
+        # from a delta wait for nothing else.
+        for phase in (
+            [j for j in jobs if j[0].name in deltas],
+            [j for j in jobs if j[0].name not in deltas],
+        ):
+            with ThreadPoolExecutor(max_workers=max(1, max_workers)) as ex:
+                # list() re-raises the first upload failure here.
+                list(
+                    ex.map(
+                        lambda j: _put_shard(
+                            client,
+                            origin_url,
+                            sources[j[0].name],
+                            version,
+                            *j,
+                            attempts=attempts_per_shard,
+                        ),
+                        phase,
+                    )
                 )
-            )
         listing = RelayVersions.model_validate_json(
             client.get(routes.join(origin_url, routes.VERSIONS)).raise_for_status().content
         )
