@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from redis.asyncio import Redis
 
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.chain.keyfile import load_key
@@ -15,6 +14,7 @@ from prime_swarm.libs.guard.asgi import BodyGuard
 from prime_swarm.libs.guard.errors import install_validation_handler
 from prime_swarm.libs.guard.ratelimit import RateLimiter
 from prime_swarm.libs.observability.http import add_observability_routes
+from prime_swarm.libs.streams.connection import connect_async
 from prime_swarm.protocol.auth import SignedRequest, redis_nonce_burner
 
 from .board import RelayWatch, StatusBoard
@@ -33,7 +33,7 @@ def create_app(settings: OrchestratorSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        redis = Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+        redis = connect_async(settings.redis_url, socket_timeout=5)
         ledger = LedgerClient(
             settings.rpc_url,
             settings.ledger_address,

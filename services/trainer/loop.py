@@ -10,7 +10,6 @@ import logging
 import time
 from collections import Counter
 
-import redis
 import torch
 from eth_account.signers.local import LocalAccount
 
@@ -31,6 +30,7 @@ from prime_swarm.libs.rollout.admission import is_fresh
 from prime_swarm.libs.shardcast.client import make_http_client
 from prime_swarm.libs.shardcast.publish import publish_version
 from prime_swarm.libs.shardcast.routes import manifest_path
+from prime_swarm.libs.streams.connection import connect
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import PolicyAnnouncement, StepProgress, VerifiedRollout
@@ -54,7 +54,7 @@ class Trainer:
         self.s, self.account = settings, account
         self.ctx = ctx or DistContext(0, 1, torch.device("cpu"))
         self.root = settings.checkpoint_dir
-        self.r = redis.Redis.from_url(settings.redis_url, socket_timeout=30)
+        self.r = connect(settings.redis_url, socket_timeout=30)
         self.reader = GroupReader(
             self.r,
             streams.ROLLOUTS_VERIFIED,

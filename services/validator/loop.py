@@ -9,7 +9,6 @@ import time
 from collections import defaultdict
 from itertools import accumulate
 
-import redis
 import torch
 from eth_account.signers.local import LocalAccount
 
@@ -19,6 +18,7 @@ from prime_swarm.libs.policy.store import LoadedPolicy, PolicyError, PolicyStore
 from prime_swarm.libs.rollout import verify
 from prime_swarm.libs.rollout.admission import Refusal, check_admission
 from prime_swarm.libs.rollout.calibration import acceptance_for
+from prime_swarm.libs.streams.connection import connect
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
 from prime_swarm.libs.toploc import VerifyResult
 from prime_swarm.protocol import streams
@@ -48,7 +48,7 @@ def default_consumer(address: str) -> str:
 class Validator:
     def __init__(self, settings: ValidatorSettings, account: LocalAccount) -> None:
         self.s, self.account = settings, account
-        self.r = redis.Redis.from_url(settings.redis_url, socket_timeout=30)
+        self.r = connect(settings.redis_url, socket_timeout=30)
         self.reader = GroupReader(
             self.r,
             streams.ROLLOUTS_SUBMITTED,
