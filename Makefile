@@ -17,7 +17,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup up test test-all bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-orchestrator bench-chain chaos fuzz lint fmt clean
 
-setup: $(VENV)/.installed $(ANVIL) redis chromium
+setup: $(VENV)/.installed $(ANVIL) redis chromium docker-compose
 
 $(VENV)/.installed: pyproject.toml
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,14 @@ chromium:
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
 		echo "installing chromium"; \
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
+
+# Debian's docker-compose (v1): tests/unit/test_deploy_compose.py validates the compose files with
+# `docker-compose config`. No Docker engine is needed for that, so none is installed.
+.PHONY: docker-compose
+docker-compose:
+	@command -v docker-compose >/dev/null || { \
+		echo "installing docker-compose"; \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends docker-compose; }
 
 # Flags for `prime-swarm up`, e.g. make up UP_ARGS="--backend hf,vllm --workers 4".
 UP_ARGS ?=

@@ -48,7 +48,8 @@ ROLE_EXTRA = {
     "deployer": "chain",
     "model-init": "trainer",
     "origin": "relay",
-    "relay": "relay",
+    "relay-0": "relay",
+    "relay-1": "relay",
     "orchestrator": "orchestrator",
     "validator": "validator",
     "trainer": "trainer",
@@ -58,13 +59,15 @@ ROLE_EXTRA = {
 # Compose service -> the settings prefix of the service it runs.
 ROLE_PREFIX = {
     "origin": "PRIME_RELAY_",
-    "relay": "PRIME_RELAY_",
+    "relay-0": "PRIME_RELAY_",
+    "relay-1": "PRIME_RELAY_",
     "orchestrator": "PRIME_ORCH_",
     "validator": "PRIME_VALIDATOR_",
     "trainer": "PRIME_TRAINER_",
 }
 TORCH_EXTRAS = {"trainer", "validator", "worker"}
-PUBLISHED = {"orchestrator", "relay"}
+RELAYS = ("relay-0", "relay-1")
+PUBLISHED = {"orchestrator", *RELAYS}
 WORKERS = 3
 MONITORING_FILE = ROOT / "docker-compose.monitoring.yml"
 ENTRYPOINT = ROOT / "deploy" / "docker" / "entrypoint.sh"
@@ -76,7 +79,7 @@ KEY_SECRET = {"trainer": "trainer_key", "validator": "validator_key"} | {
     f"worker-{i}": f"worker_{i}_key" for i in range(WORKERS)
 }
 BACKEND_ONLY = {"redis", "prometheus", "grafana", "validator", "trainer", "origin", "deployer"}
-PUBLIC = {"orchestrator", "relay"}
+PUBLIC = {"orchestrator", *RELAYS}
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +285,7 @@ def interpolate(value: str) -> str:
     return re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", value)
 
 
-@pytest.mark.parametrize("name", ["origin", "relay", "orchestrator", "validator", "trainer",
+@pytest.mark.parametrize("name", ["origin", *RELAYS, "orchestrator", "validator", "trainer",
                                   "worker-0"])  # fmt: skip
 def test_settings_load_from_the_compose_environment(
     name: str, services: dict[str, dict], deployer: ModuleType, monkeypatch: pytest.MonkeyPatch
@@ -308,7 +311,7 @@ def test_settings_load_from_the_compose_environment(
 
 
 def test_services_bind_all_interfaces_and_expose_health(services: dict[str, dict]) -> None:
-    for name in ("origin", "relay"):
+    for name in ("origin", *RELAYS):
         env = env_of(services[name])
         assert env["PRIME_RELAY_HOST"] == "0.0.0.0"
         assert services[name]["command"][:2] == ["prime-relay", "origin" if name == "origin"
@@ -339,7 +342,7 @@ def test_dependencies_wait_for_health_and_one_shots(services: dict[str, dict]) -
                 assert services[dep].get("restart", "no") == "no", f"{dep} is not one-shot"
             else:
                 assert cond == "service_started", f"{name}: odd condition {cond}"
-    for name in ("origin", "relay", "orchestrator", "validator", "trainer"):
+    for name in ("origin", *RELAYS, "orchestrator", "validator", "trainer"):
         test = " ".join(services[name]["healthcheck"]["test"])
         assert "/healthz" in test, f"{name} healthcheck does not use /healthz"
     for name in ("validator", "trainer", *worker_services(services)):
@@ -536,7 +539,7 @@ def test_prometheus_scrapes_every_metrics_endpoint(services: dict[str, dict]) ->
                for t in sc["targets"]}  # fmt: skip
     expected = {
         f"origin:{env_of(services['origin'])['PRIME_RELAY_PORT']}",
-        f"relay:{env_of(services['relay'])['PRIME_RELAY_PORT']}",
+        *(f"{r}:{env_of(services[r])['PRIME_RELAY_PORT']}" for r in RELAYS),
         f"orchestrator:{env_of(services['orchestrator'])['PRIME_ORCH_PORT']}",
         f"trainer:{env_of(services['trainer'])['PRIME_TRAINER_METRICS_PORT']}",
         f"validator:{env_of(services['validator'])['PRIME_VALIDATOR_METRICS_PORT']}",
