@@ -547,29 +547,58 @@ def test_prometheus_scrapes_every_metrics_endpoint(services: dict[str, dict]) ->
     assert expected <= targets
 
 
-def test_grafana_is_provisioned_with_the_dashboard() -> None:
+DASHBOARDS = {
+    # Dashboard -> metrics it must chart (issue: training, pool and relays views).
+    "training": ("trainer_batch_mean_reward", "trainer_consumption_lag_versions_bucket",
+                 "trainer_stale_dropped_total", "trainer_step_seconds_sum",
+                 "trainer_idle_seconds", "trainer_busy_fraction", "trainer_batch_reward_part",
+                 "trainer_step_stat"),
+    "pool": ("orchestrator_workers_registered", "orchestrator_submissions_total",
+             "validator_verdicts_total", "validator_attested_units_total"),
+    "relays": ("shardcast_bytes_served_total", "shardcast_latest_version",
+               "shardcast_versions_held", "shardcast_upstream_errors_total",
+               "shardcast_shards_rejected_total"),
+}  # fmt: skip
+
+
+def _exported_metrics(tmp_path: Path) -> set[str]:
+    """Every metric name the services export, with the suffixes Prometheus derives."""
+    from prometheus_client import REGISTRY
+
+    import prime_swarm.services.orchestrator.metrics  # noqa: F401
+    import prime_swarm.services.trainer.metrics  # noqa: F401
+    import prime_swarm.services.validator.metrics  # noqa: F401
+    from prime_swarm.libs.shardcast import VersionStore
+    from prime_swarm.services.relay.metrics import RelayMetrics
+
+    relay = RelayMetrics(VersionStore(tmp_path / "store"), "relay").registry
+    suffixes = ("", "_total", "_bucket", "_sum", "_count", "_created")
+    return {m.name + x for reg in (REGISTRY, relay) for m in reg.collect() for x in suffixes}
+
+
+def test_grafana_is_provisioned_with_the_dashboards(tmp_path: Path) -> None:
     grafana = ROOT / "deploy" / "grafana"
     ds = yaml.safe_load((grafana / "provisioning" / "datasources" / "prometheus.yml").read_text())
     (source,) = ds["datasources"]
     assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
-    dash = json.loads((grafana / "dashboards" / "prime-swarm.json").read_text())
-    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
-    for metric in ("trainer_batch_mean_reward", "trainer_policy_version",
-                   "validator_verdicts_total", "orchestrator_leases_issued_total",
-                   "trainer_batch_reward_part", "trainer_step_stat", "trainer_busy_fraction",
-                   "trainer_consumption_lag_versions_bucket", "trainer_idle_seconds"):  # fmt: skip
-        assert metric in exprs
-    # Every metric a panel names is one the services export.
-    from prometheus_client import REGISTRY
-
-    import prime_swarm.services.trainer.metrics  # noqa: F401
-
-    suffixes = ("", "_total", "_bucket", "_sum", "_count")
-    exported = {m.name + x for m in REGISTRY.collect() for x in suffixes}
-    for name in re.findall(r"(trainer_[a-z_]+)", exprs):
-        assert name in exported, name
-    for panel in dash["panels"]:
-        assert panel["datasource"]["uid"] == source["uid"]
+    files = sorted(p.stem for p in (grafana / "dashboards").glob("*.json"))
+    assert files == sorted(DASHBOARDS)
+    exported = _exported_metrics(tmp_path)
+    uids = set()
+    for name, wanted in DASHBOARDS.items():
+        dash = json.loads((grafana / "dashboards" / f"{name}.json").read_text())
+        uids.add(dash["uid"])
+        exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+        for metric in wanted:
+            assert metric in exprs, f"{name} does not chart {metric}"
+        # Every metric a panel names is one the services export.
+        for metric in re.findall(r"\b((?:trainer|orchestrator|validator|shardcast)_[a-z_]+)", exprs):
+            assert metric in exported, f"{name}: {metric} is not exported by any service"
+        for panel in dash["panels"]:
+            assert panel["datasource"]["uid"] == source["uid"]
+    assert len(uids) == len(DASHBOARDS)
+    home = env_of(yaml.safe_load(COMPOSE_FILE.read_text())["services"]["grafana"])
+    assert Path(home["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]).stem in DASHBOARDS
 
 
 # ------------------------------------------------------------------------------------ compose
