@@ -561,6 +561,9 @@ DASHBOARDS = {
 }  # fmt: skip
 
 
+METRIC_NAME = re.compile(r"\b((?:trainer|orchestrator|validator|shardcast)_[a-z_]+)")
+
+
 def _exported_metrics(tmp_path: Path) -> set[str]:
     """Every metric name the services export, with the suffixes Prometheus derives."""
     from prometheus_client import REGISTRY
@@ -592,7 +595,7 @@ def test_grafana_is_provisioned_with_the_dashboards(tmp_path: Path) -> None:
         for metric in wanted:
             assert metric in exprs, f"{name} does not chart {metric}"
         # Every metric a panel names is one the services export.
-        for metric in re.findall(r"\b((?:trainer|orchestrator|validator|shardcast)_[a-z_]+)", exprs):
+        for metric in METRIC_NAME.findall(exprs):
             assert metric in exported, f"{name}: {metric} is not exported by any service"
         for panel in dash["panels"]:
             assert panel["datasource"]["uid"] == source["uid"]
