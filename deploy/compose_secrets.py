@@ -93,7 +93,11 @@ def _write_derived(path: Path, text: str) -> str | None:
     return outcome
 
 
-def generate(out: Path, workers: int = 3, chown: bool = False) -> Outcome:
+# The worker key pool docker-compose.yml mounts: replicas of `worker` claim one each.
+WORKER_KEYS = 8
+
+
+def generate(out: Path, workers: int = WORKER_KEYS, chown: bool = False) -> Outcome:
     """Create what is missing under `out` (see the module docstring); never replace a secret."""
     from . import redis_acl  # imports the services' key names; `prime-swarm up` need not pay
 
@@ -144,7 +148,11 @@ def generate(out: Path, workers: int = 3, chown: bool = False) -> Outcome:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default {DEFAULT_OUT}")
     parser.add_argument(
-        "--workers", type=int, default=3, help="worker keys to create (docker-compose.yml has 3)"
+        "--workers",
+        type=int,
+        default=WORKER_KEYS,
+        help="worker keys to create: the most `--scale worker=N` replicas (docker-compose.yml "
+        "mounts 8)",
     )
     parser.add_argument(
         "--owner",

@@ -17,6 +17,7 @@ from types import ModuleType
 import pytest
 import yaml
 
+from prime_swarm.deploy import compose_secrets
 from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.services.orchestrator.settings import OrchestratorSettings
 from prime_swarm.services.relay.settings import RelaySettings
@@ -68,16 +69,16 @@ ROLE_PREFIX = {
 TORCH_EXTRAS = {"trainer", "validator", "worker"}
 RELAYS = ("relay-0", "relay-1")
 PUBLISHED = {"orchestrator", *RELAYS}
-WORKERS = 3
+WORKERS = 3  # replicas of the `worker` service
 MONITORING_FILE = ROOT / "docker-compose.monitoring.yml"
 ENTRYPOINT = ROOT / "deploy" / "docker" / "entrypoint.sh"
 # Compose service -> the Redis ACL role it connects as (deploy/redis_acl.py); no other service
 # may reach Redis.
 REDIS_ROLE = {"orchestrator": "orchestrator", "validator": "validator", "trainer": "trainer"}
 # Compose service -> the secret holding its Ethereum key; no other service mounts any key.
-KEY_SECRET = {"trainer": "trainer_key", "validator": "validator_key"} | {
-    f"worker-{i}": f"worker_{i}_key" for i in range(WORKERS)
-}
+KEY_SECRET = {"trainer": {"trainer_key"}, "validator": {"validator_key"}}
+# The worker key pool: every replica mounts all of it and claims one (deploy/docker/claim_key.py).
+WORKER_KEY_SECRETS = {f"worker_{i}_key" for i in range(compose_secrets.WORKER_KEYS)}
 BACKEND_ONLY = {"redis", "prometheus", "grafana", "validator", "trainer", "origin", "deployer"}
 PUBLIC = {"orchestrator", *RELAYS}
 
@@ -368,20 +369,27 @@ def secrets_of(service: dict) -> dict[str, str]:
 
 
 def test_each_service_mounts_only_its_own_key(services: dict[str, dict]) -> None:
-    key_secrets = set(KEY_SECRET.values())
-    assert set(KEY_SECRET) == {"trainer", "validator", *worker_services(services)}
+    key_secrets = set().union(*KEY_SECRET.values(), WORKER_KEY_SECRETS)
+    (worker,) = worker_services(services)
     for name, svc in services.items():
         mounted = secrets_of(svc)
         held = key_secrets & set(mounted)
+        if name == worker:
+            # The pool, and nothing else: no Redis password, no other role's secret.
+            assert set(mounted) == WORKER_KEY_SECRETS, f"{name} mounts {set(mounted)}"
+            assert sorted(Path(mounted[k]).name for k in WORKER_KEY_SECRETS) == sorted(
+                f"worker-key-{i}.json" for i in range(compose_secrets.WORKER_KEYS)
+            )
+            assert svc["command"][0] == "prime-claim-key"
+            assert "PRIME_WORKER_KEY_FILE" not in env_of(svc)  # set by the claim
+            continue
         if name not in KEY_SECRET:
             assert not held, f"{name} mounts {held}"
             continue
-        assert held == {KEY_SECRET[name]}, f"{name} mounts keys {held}"
+        assert held == KEY_SECRET[name], f"{name} mounts keys {held}"
         prefix = prefix_of(name)
-        assert env_of(svc)[f"{prefix}KEY_FILE"] == mounted[KEY_SECRET[name]]
-    # Workers hold nothing else: no Redis password, no other role's secret.
-    for name in worker_services(services):
-        assert set(secrets_of(services[name])) == {KEY_SECRET[name]}
+        (secret,) = KEY_SECRET[name]
+        assert env_of(svc)[f"{prefix}KEY_FILE"] == mounted[secret]
     # The deployer registers and funds by address; keys no longer live in the shared volume.
     assert set(secrets_of(services["deployer"])) == {"addresses"}
     deployer_secrets = secrets_of(services["deployer"])
@@ -398,11 +406,13 @@ def test_deployer_reads_the_addresses_compose_secrets_writes(
     from prime_swarm.libs.chain.keyfile import load_key
 
     out = tmp_path / "secrets"
-    compose_secrets.generate(out, workers=WORKERS)
+    compose_secrets.generate(out)
     trainer, validator, workers = deployer.read_addresses(out / "addresses.json")
     assert trainer == load_key(out / "trainer-key.json").address
     assert validator == load_key(out / "validator-key.json").address
-    assert workers == [load_key(out / f"worker-{i}-key.json").address for i in range(WORKERS)]
+    assert workers == [
+        load_key(out / f"worker-{i}-key.json").address for i in range(compose_secrets.WORKER_KEYS)
+    ]
     with pytest.raises(SystemExit, match="compose-secrets"):
         deployer.read_addresses(tmp_path / "missing.json")
 
@@ -452,7 +462,7 @@ def test_compose_secrets_are_the_files_the_generator_writes(compose: dict, tmp_p
     from prime_swarm.deploy import compose_secrets
 
     made = tmp_path / "secrets"
-    compose_secrets.generate(made, workers=WORKERS)
+    compose_secrets.generate(made)
     files = {}
     for name, spec in compose["secrets"].items():
         m = re.fullmatch(r"\$\{SWARM_SECRETS_DIR:-\./deploy/docker/secrets\}/(.+)", spec["file"])
@@ -613,7 +623,7 @@ def test_grafana_is_provisioned_with_the_dashboards(tmp_path: Path) -> None:
 def test_docker_compose_config_is_valid(files: list[Path], tmp_path: Path) -> None:
     from prime_swarm.deploy import compose_secrets
 
-    compose_secrets.generate(tmp_path / "secrets", workers=WORKERS)
+    compose_secrets.generate(tmp_path / "secrets")
     args = [a for f in files for a in ("-f", str(f))]
     result = subprocess.run(
         ["docker-compose", *args, "config"], cwd=ROOT, capture_output=True, text=True,
