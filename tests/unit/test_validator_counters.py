@@ -8,14 +8,10 @@ from collections import defaultdict
 from types import SimpleNamespace
 
 import redis
-from rollout_messages import WORKER, submitted, verdict
+from rollout_messages import WORKER, submitted, verdict, verified
 
 from prime_swarm.protocol import streams
 from prime_swarm.protocol import worker_stats as ws
-from prime_swarm.protocol.messages import (
-    VerifiedCompletion,
-    VerifiedRollout,
-)
 from prime_swarm.services.validator.loop import Validator
 
 
@@ -30,21 +26,7 @@ def test_commit_counts_accepted_units_and_rejections_by_reason(
     for n, reason in enumerate((None, None, "bad_proof", "stale_policy", "bad_proof")):
         msg = submitted(n)
         v = verdict(msg, reason)
-        verified = None
-        if reason is None:
-            done = VerifiedCompletion(token_ids=[2, 3, 4], logprobs=[0.0] * 3, reward=1.0,
-                                      task_reward=1.0)  # fmt: skip
-            verified = VerifiedRollout(
-                submission_id=msg.submission_id,
-                worker=WORKER,
-                task_id=msg.submission.task_id,
-                policy_version=0,
-                sampling=msg.lease.sampling,
-                prompt_token_ids=[1],
-                completions=[done],
-                verdict=v,
-            )
-        batch.append((f"0-{n + 1}", msg, v, verified))
+        batch.append((f"0-{n + 1}", msg, v, verified(msg) if reason is None else None))
     started = ws.minute(time.time())
     validator._commit(batch, [])
 
