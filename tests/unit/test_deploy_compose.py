@@ -287,7 +287,7 @@ def interpolate(value: str) -> str:
 
 
 @pytest.mark.parametrize("name", ["origin", *RELAYS, "orchestrator", "validator", "trainer",
-                                  "worker-0"])  # fmt: skip
+                                  "worker"])  # fmt: skip
 def test_settings_load_from_the_compose_environment(
     name: str, services: dict[str, dict], deployer: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -309,6 +309,9 @@ def test_settings_load_from_the_compose_environment(
     settings = SETTINGS[prefix](**kwargs)
     if prefix == "PRIME_RELAY_" and kwargs["mode"] == "relay":
         assert settings.parents == ["http://origin:8700"]
+    if prefix == "PRIME_WORKER_":
+        # No terminal in a container: `join` must stake without asking, or it exits at once.
+        assert settings.yes is True
 
 
 def test_services_bind_all_interfaces_and_expose_health(services: dict[str, dict]) -> None:
