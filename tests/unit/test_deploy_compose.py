@@ -79,8 +79,10 @@ REDIS_ROLE = {"orchestrator": "orchestrator", "validator": "validator", "trainer
 KEY_SECRET = {"trainer": {"trainer_key"}, "validator": {"validator_key"}}
 # The worker key pool: every replica mounts all of it and claims one (deploy/docker/claim_key.py).
 WORKER_KEY_SECRETS = {f"worker_{i}_key" for i in range(compose_secrets.WORKER_KEYS)}
-BACKEND_ONLY = {"redis", "prometheus", "grafana", "validator", "trainer", "origin", "deployer"}
+BACKEND_ONLY = {"redis", "grafana", "validator", "trainer", "origin", "deployer"}
 PUBLIC = {"orchestrator", *RELAYS}
+# Internal, Prometheus and the workers only: how it scrapes each replica without joining `public`.
+WORKER_METRICS_NET = "worker-metrics"
 
 
 @pytest.fixture(scope="module")
@@ -519,6 +521,7 @@ def networks_of(service: dict) -> set[str]:
 
 def test_networks_keep_workers_and_metrics_apart(compose: dict, services: dict[str, dict]) -> None:
     assert compose["networks"]["backend"].get("internal") is True
+    assert compose["networks"][WORKER_METRICS_NET].get("internal") is True
     assert not (compose["networks"]["public"] or {}).get("internal")
     for name, svc in services.items():
         # Explicit everywhere: an unlisted service would land on a `default` network.
@@ -528,19 +531,23 @@ def test_networks_keep_workers_and_metrics_apart(compose: dict, services: dict[s
         assert networks_of(services[name]) == {"backend"}, name
     for name in PUBLIC:
         assert networks_of(services[name]) == {"backend", "public"}, name
+    assert networks_of(services["prometheus"]) == {"backend", WORKER_METRICS_NET}
     for name in worker_services(services):
-        assert networks_of(services[name]) == {"public"}, name
+        assert networks_of(services[name]) == {"public", WORKER_METRICS_NET}, name
     on_public = {n for n, svc in services.items() if "public" in networks_of(svc)}
     # anvil stands in for a public chain that workers must reach to stake.
     assert on_public == PUBLIC | {"anvil"} | set(worker_services(services))
+    on_worker_metrics = {n for n, s in services.items() if WORKER_METRICS_NET in networks_of(s)}
+    assert on_worker_metrics == {"prometheus", *worker_services(services)}
 
 
-def test_monitoring_override_publishes_on_loopback_only() -> None:
+def test_monitoring_override_publishes_on_loopback_only(services: dict[str, dict]) -> None:
     override = yaml.safe_load(MONITORING_FILE.read_text())
     assert set(override["services"]) == {"prometheus", "grafana"}
     for name, svc in override["services"].items():
         assert svc["ports"] and all(p.startswith("127.0.0.1:") for p in svc["ports"]), name
-        assert set(svc["networks"]) == {"backend", "monitoring"}
+        # The base file's networks, and the otherwise empty `monitoring` to publish from.
+        assert set(svc["networks"]) == networks_of(services[name]) | {"monitoring"}, name
 
 
 # ------------------------------------------------------------------------------------ observability
@@ -548,7 +555,7 @@ def test_monitoring_override_publishes_on_loopback_only() -> None:
 
 def test_prometheus_scrapes_every_metrics_endpoint(services: dict[str, dict]) -> None:
     config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
-    targets = {t for job in config["scrape_configs"] for sc in job["static_configs"]
+    targets = {t for job in config["scrape_configs"] for sc in job.get("static_configs", [])
                for t in sc["targets"]}  # fmt: skip
     expected = {
         f"origin:{env_of(services['origin'])['PRIME_RELAY_PORT']}",
@@ -558,6 +565,16 @@ def test_prometheus_scrapes_every_metrics_endpoint(services: dict[str, dict]) ->
         f"validator:{env_of(services['validator'])['PRIME_VALIDATOR_METRICS_PORT']}",
     }
     assert expected <= targets
+    # Scaled workers: every replica, by the service's DNS name (one A record per replica).
+    (worker,) = worker_services(services)
+    port = int(env_of(services[worker])["PRIME_WORKER_METRICS_PORT"])
+    assert port > 0 and env_of(services[worker])["PRIME_WORKER_METRICS_HOST"] == "0.0.0.0"
+    dns = [sd for job in config["scrape_configs"] for sd in job.get("dns_sd_configs", [])]
+    assert dns == [{"names": [worker], "type": "A", "port": port, "refresh_interval": "15s"}]
+    (job,) = [j for j in config["scrape_configs"] if "dns_sd_configs" in j]
+    # A worker is a contributor's process: bounded scrapes.
+    assert job["sample_limit"] > 0 and job["body_size_limit"] and job["label_limit"] > 0
+    assert networks_of(services[worker]) & networks_of(services["prometheus"])
 
 
 DASHBOARDS = {
@@ -637,5 +654,13 @@ def test_docker_compose_config_is_valid(files: list[Path], tmp_path: Path) -> No
     published = {n for n, svc in merged["services"].items() if svc.get("ports")}
     extra = {"prometheus", "grafana"} if MONITORING_FILE in files else set()
     assert published == PUBLISHED | extra
+    # What compose makes of the networks, override merged in: the workers reach only `public`
+    # and Prometheus; Prometheus keeps the worker network with the monitoring file too.
+    nets = {n: set(svc.get("networks") or {}) for n, svc in merged["services"].items()}
+    publishing = {"monitoring"} if extra else set()
+    assert nets["prometheus"] == {"backend", WORKER_METRICS_NET} | publishing
+    assert nets["grafana"] == {"backend"} | publishing
+    assert nets["worker"] == {"public", WORKER_METRICS_NET}
+    assert merged["services"]["worker"]["deploy"]["replicas"] == WORKERS
     for spec in merged["secrets"].values():
         assert Path(spec["file"]).is_file(), spec["file"]
