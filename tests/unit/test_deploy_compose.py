@@ -581,17 +581,39 @@ DASHBOARDS = {
     # Dashboard -> metrics it must chart (issue: training, pool and relays views).
     "training": ("trainer_batch_mean_reward", "trainer_consumption_lag_versions_bucket",
                  "trainer_stale_dropped_total", "trainer_step_seconds_sum",
-                 "trainer_idle_seconds", "trainer_busy_fraction", "trainer_batch_reward_part",
-                 "trainer_step_stat"),
+                 "trainer_step_seconds_count", "trainer_idle_seconds", "trainer_busy_fraction",
+                 "trainer_batch_reward_part", "trainer_step_stat"),
     "pool": ("orchestrator_workers_registered", "orchestrator_submissions_total",
-             "validator_verdicts_total", "validator_attested_units_total"),
+             "validator_verdicts_total", "validator_attested_units_total",
+             "worker_submissions_total", "worker_refused_total", 'up{job="worker"}'),
     "relays": ("shardcast_bytes_served_total", "shardcast_latest_version",
                "shardcast_versions_held", "shardcast_upstream_errors_total",
                "shardcast_shards_rejected_total"),
 }  # fmt: skip
 
 
-METRIC_NAME = re.compile(r"\b((?:trainer|orchestrator|validator|shardcast)_[a-z_]+)")
+# PromQL words that are not series names; `up` is the one series Prometheus itself makes.
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool",
+                "and", "or", "unless", "inf", "nan"}  # fmt: skip
+PROMETHEUS_SERIES = {"up"}
+
+
+def metric_names(expr: str) -> set[str]:
+    """Every series name a PromQL expression selects: identifiers left once strings, label
+    matchers, groupings and ranges are gone, other than function calls and keywords."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    expr = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", expr)
+    expr = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", expr)
+    words = re.findall(r"(?<![\w.])([A-Za-z_][A-Za-z0-9_]*)\b(?!\s*\()", expr)
+    return {w for w in words if w.lower() not in PROMQL_WORDS}
+
+
+def test_metric_names_reads_promql() -> None:
+    expr = (
+        'histogram_quantile(0.95, sum by (le, instance) (rate(a_seconds_bucket{job="x"}[5m])))'
+        ' / on (instance) group_left b_total offset 5m + count(up{job="w"} == 1) * 60'
+    )
+    assert metric_names(expr) == {"a_seconds_bucket", "b_total", "up"}
 
 
 def _exported_metrics(tmp_path: Path) -> set[str]:
@@ -601,6 +623,7 @@ def _exported_metrics(tmp_path: Path) -> set[str]:
     import prime_swarm.services.orchestrator.metrics  # noqa: F401
     import prime_swarm.services.trainer.metrics  # noqa: F401
     import prime_swarm.services.validator.metrics  # noqa: F401
+    import prime_swarm.services.worker.metrics  # noqa: F401
     from prime_swarm.libs.shardcast import VersionStore
     from prime_swarm.services.relay.metrics import RelayMetrics
 
@@ -617,19 +640,23 @@ def test_grafana_is_provisioned_with_the_dashboards(tmp_path: Path) -> None:
     files = sorted(p.stem for p in (grafana / "dashboards").glob("*.json"))
     assert files == sorted(DASHBOARDS)
     exported = _exported_metrics(tmp_path)
-    uids = set()
+    uids, titles = set(), set()
     for name, wanted in DASHBOARDS.items():
         dash = json.loads((grafana / "dashboards" / f"{name}.json").read_text())
         uids.add(dash["uid"])
-        exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+        titles.add(dash["title"])
+        exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
         for metric in wanted:
-            assert metric in exprs, f"{name} does not chart {metric}"
-        # Every metric a panel names is one the services export.
-        for metric in METRIC_NAME.findall(exprs):
-            assert metric in exported, f"{name}: {metric} is not exported by any service"
+            assert any(metric in e for e in exprs), f"{name} does not chart {metric}"
+        # Every series a panel selects is one a service exports (or Prometheus's own `up`).
+        for metric in sorted(set().union(*map(metric_names, exprs))):
+            assert metric in exported | PROMETHEUS_SERIES, f"{name}: no service exports {metric}"
         for panel in dash["panels"]:
             assert panel["datasource"]["uid"] == source["uid"]
-    assert len(uids) == len(DASHBOARDS)
+            assert all(t["datasource"]["uid"] == source["uid"] for t in panel["targets"])
+        ids = [p["id"] for p in dash["panels"]]
+        assert len(ids) == len(set(ids)), f"{name}: panel ids repeat"
+    assert len(uids) == len(titles) == len(DASHBOARDS) and all(titles)
     home = env_of(yaml.safe_load(COMPOSE_FILE.read_text())["services"]["grafana"])
     assert Path(home["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]).stem in DASHBOARDS
 
