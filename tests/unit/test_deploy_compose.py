@@ -330,6 +330,27 @@ def test_services_bind_all_interfaces_and_expose_health(services: dict[str, dict
     assert "0.0.0.0" in services["anvil"]["command"]
 
 
+def test_both_relays_pull_from_the_origin_and_serve_everyone(services: dict[str, dict]) -> None:
+    """Each relay pulls from the origin into a volume of its own; the validator downloads from
+    both, and so do the workers, which get the list from the orchestrator (WorkerSettings takes
+    no relays: the orchestrator hands them out with each policy version)."""
+    urls = [f"http://{r}:{env_of(services[r])['PRIME_RELAY_PORT']}" for r in RELAYS]
+    for name, prefix in (("orchestrator", "PRIME_ORCH_"), ("validator", "PRIME_VALIDATOR_")):
+        assert json.loads(env_of(services[name])[f"{prefix}RELAYS"]) == urls, name
+    assert "relays" not in WorkerSettings.model_fields
+    data_volumes = set()
+    for relay in RELAYS:
+        env = env_of(services[relay])
+        assert json.loads(env["PRIME_RELAY_PARENTS"]) == ["http://origin:8700"]
+        assert services[relay]["depends_on"]["origin"]["condition"] == "service_healthy"
+        (data,) = [v for v in services[relay]["volumes"] if v.endswith(env["PRIME_RELAY_DATA_DIR"])]
+        data_volumes.add(data)
+    assert len(data_volumes) == len(RELAYS), "relays share a data volume"
+    for name in ("orchestrator", "validator", *worker_services(services)):
+        for relay in RELAYS:
+            assert services[name]["depends_on"][relay]["condition"] == "service_healthy", name
+
+
 def test_only_front_doors_are_published(services: dict[str, dict]) -> None:
     published = {name for name, svc in services.items() if svc.get("ports")}
     assert published == PUBLISHED
