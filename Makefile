@@ -16,7 +16,7 @@ ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 CHART_RENDER := .tools/chart-render
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup up test test-all bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-orchestrator bench-chain chaos fuzz lint fmt clean
+.PHONY: setup up test test-all bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-orchestrator bench-chain chaos hostile fuzz lint fmt clean
 
 setup: $(VENV)/.installed $(ANVIL) redis chromium docker-compose $(CHART_RENDER)
 
@@ -77,6 +77,11 @@ up: setup
 CHAOS_ARGS ?=
 chaos: setup
 	$(VENV)/bin/prime-swarm chaos $(CHAOS_ARGS)
+
+# Honest workers beside a cheater of each kind and a flooder, against a clean run: writes
+# bench/results/hostile.json and hostile.png (both reward curves); fails if a check does not hold.
+hostile: setup
+	$(PY) bench/hostile_swarm.py $(HOSTILE_ARGS)
 
 test: setup
 	$(PY) -m pytest -q -m "not slow"

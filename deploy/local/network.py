@@ -205,9 +205,14 @@ class LocalNetwork:
             },
         )
 
-    def add_worker(self) -> str:
+    def add_worker(
+        self, command: list[str] | None = None, env: dict[str, str] | None = None
+    ) -> str:
         """Create, fund and start one more worker (`worker-N`), as a contributor joining the
-        running pool would: it stakes, registers and generates. Returns its address."""
+        running pool would: it stakes, registers and generates. Returns its address.
+
+        `command` replaces the `prime-worker` program (bench/hostile runs cheating workers
+        that way, with the same flags); `env` adds to its environment."""
         t, i = self.topo, len(self.topo.workers)
         account = Account.create()
         key = self.keys / f"worker-{i}.json"
@@ -217,7 +222,7 @@ class LocalNetwork:
         self._spawn(
             f"worker-{i}",
             [
-                _script("prime-worker"),
+                *(command or [_script("prime-worker")]),
                 "join",
                 "--pool",
                 str(t.pool_id),
@@ -234,7 +239,7 @@ class LocalNetwork:
                 "--backend",
                 self.worker_backend(i),
             ],
-            env={"PRIME_WORKER_LEASE_BATCH": str(self.s.lease_batch)},
+            env={"PRIME_WORKER_LEASE_BATCH": str(self.s.lease_batch), **(env or {})},
         )
         return account.address
 
