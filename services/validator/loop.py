@@ -108,6 +108,7 @@ class Validator:
             defaultdict(list)
         )
         undecodable: list[str] = []
+        unavailable: set[int] = set()  # versions that failed to fetch: tried once per batch
         for e in entries:
             if e.message is None:
                 log.warning("undecodable submission dropped", extra={"fields": {"err": e.error}})
@@ -119,10 +120,20 @@ class Validator:
                 check_admission(msg.submission, msg.lease, current, self.s.recipe.async_level)
                 if not self._first_sighting(msg):
                     raise Refusal("duplicate", "identical work was submitted before")
+                version = msg.submission.policy_version
                 try:
-                    policy = self.store.get(msg.submission.policy_version, self.s.relays)
+                    if version in unavailable:
+                        raise PolicyError(f"policy v{version} unavailable earlier in this batch")
+                    policy = self.store.get(version, self.s.relays)
                 except PolicyError as exc:
-                    raise Refusal("unknown_policy", str(exc)[:300]) from exc
+                    # Admission has checked the version was announced, so the trainer signed
+                    # it: failing to fetch or load it is this side's fault, never the
+                    # worker's. Left unacknowledged, it is reclaimed after `reclaim_idle_ms`
+                    # and judged then (or refused as stale, which does not slash).
+                    log.warning("policy unavailable; submission deferred: %s", exc)
+                    metrics.DEFERRED.inc()
+                    unavailable.add(version)
+                    continue
                 verify.check_prompt(msg, policy.lm)
                 verify.check_shapes(msg, policy.lm)
             except Refusal as rej:

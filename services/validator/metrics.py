@@ -18,3 +18,7 @@ PREFILL_SECONDS = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
 )
 UNDECODABLE = Counter("validator_undecodable_total", "Submissions that could not be decoded")
+DEFERRED = Counter(
+    "validator_deferred_total",
+    "Submissions left pending because their policy version could not be fetched or loaded",
+)

@@ -1,5 +1,6 @@
-"""The validator counts each worker's verdicts in the transaction that records them
-(services/validator/loop.py `_commit`), where the orchestrator's status API reads them."""
+"""The validator's bookkeeping against real Redis: it counts each worker's verdicts in the
+transaction that records them (services/validator/loop.py `_commit`), where the orchestrator's
+status API reads them, and it judges nothing it could not check."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from types import SimpleNamespace
 import redis
 from rollout_messages import WORKER, submitted, verdict, verified
 
+from prime_swarm.libs.policy.store import PolicyError
+from prime_swarm.libs.streams.consumer import GroupReader
 from prime_swarm.protocol import streams
 from prime_swarm.protocol import worker_stats as ws
+from prime_swarm.protocol.messages import PolicyAnnouncement, SubmittedRollout
 from prime_swarm.services.validator.loop import Validator
 
 
@@ -46,3 +50,51 @@ def test_commit_counts_accepted_units_and_rejections_by_reason(
     assert 0 < redis_client.ttl(ws.VALIDATOR_WORKER.format(worker=WORKER.lower()))
     assert redis_client.xlen(streams.ROLLOUTS_VERIFIED) == 2
     assert redis_client.xlen(streams.ROLLOUTS_REJECTED) == 3
+
+
+class _UnreachablePolicy:
+    """A policy store whose relays are all down: every fetch fails, as `PolicyStore` reports."""
+
+    def __init__(self) -> None:
+        self.tries = 0
+
+    def get(self, version: int, relays: list[str]) -> None:
+        self.tries += 1
+        raise PolicyError(f"could not fetch policy v{version}: all relays refused")
+
+
+def test_a_policy_the_validator_cannot_fetch_defers_the_submission_instead_of_judging_it(
+    redis_client: redis.Redis,
+) -> None:
+    """The version was announced (the trainer signed it), so failing to fetch it is the
+    validator's problem: no verdict, no slash, the entry stays pending for a later try."""
+    redis_client.xadd(
+        streams.POLICY_ANNOUNCEMENTS,
+        streams.encode(
+            PolicyAnnouncement(version=0, step=0, model_hash="h", manifest_path="v0/manifest")
+        ),
+    )
+    for n in range(3):
+        msg = submitted(n)  # three different pieces of work, not one replayed
+        done = msg.submission.completions[0].model_copy(update={"token_ids": [2, 3, 4 + n]})
+        work = msg.submission.model_copy(update={"completions": [done]})
+        msg = msg.model_copy(update={"submission": work})
+        redis_client.xadd(streams.ROLLOUTS_SUBMITTED, streams.encode(msg))
+    validator = Validator.__new__(Validator)
+    validator.r = redis_client
+    validator.s = SimpleNamespace(recipe=SimpleNamespace(async_level=1), relays=["http://x"])
+    validator.reader = GroupReader(
+        redis_client, streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, "v", SubmittedRollout
+    )
+    validator.queue = SimpleNamespace(key="validator:1:chain_queue")
+    validator.counts = defaultdict(int)
+    validator.store = store = _UnreachablePolicy()
+
+    validator.validate_batch(validator.reader.read(10, block_ms=100))
+
+    assert store.tries == 1  # one failed fetch per version per batch, not one per submission
+    assert redis_client.xlen(streams.ROLLOUTS_REJECTED) == 0
+    assert redis_client.xlen(streams.ROLLOUTS_VERIFIED) == 0
+    assert redis_client.llen("validator:1:chain_queue") == 0
+    pending = redis_client.xpending(streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP)
+    assert pending["pending"] == 3
