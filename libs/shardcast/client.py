@@ -32,6 +32,7 @@ from . import delta, routes
 from .errors import NotAvailableError, ShardHashError
 from .fetch import ShardTask, fetch_all
 from .manifest import READ_CHUNK, check_layout, delta_for
+from .output import OutputFile
 from .relays import RelayPool, as_pool
 from .transport import FetchOptions, ShardTransport, tls_context
 from .verify import ShardVerifier
@@ -211,10 +212,11 @@ class _RegionSink:
 
     Bytes of a failed attempt may stay behind, but the retry overwrites exactly the same region
     (the verifier stops any write past the shard's end), and the file hash is checked at the end.
+    `OutputFile` writes block-aligned runs past the page cache (`output.py`).
     """
 
-    def __init__(self, fd: int, shard: ShardInfo) -> None:
-        self._fd = fd
+    def __init__(self, out: OutputFile, shard: ShardInfo) -> None:
+        self._out = out
         self._shard = shard
         self._pos = shard.offset
         self._verifier = ShardVerifier(shard)
@@ -229,11 +231,7 @@ class _RegionSink:
 
     def write(self, chunk: bytes) -> None:
         self._verifier.update(chunk)
-        view = memoryview(chunk)
-        while view:
-            n = os.pwrite(self._fd, view, self._pos)
-            self._pos += n
-            view = view[n:]
+        self._pos = self._out.write_at(memoryview(chunk), self._pos)
 
     def commit(self) -> None:
         self._verifier.finish()
@@ -366,21 +364,20 @@ def _download_into(
         if progress is not None:
             progress(now, total)
 
-    fds: dict[str, int] = {}
+    outs: dict[str, OutputFile] = {}
 
     def fetch(files: list[FileEntry]) -> None:
         tasks = []
         for f in files:
-            fd = os.open(staging / f.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            fds[f.name] = fd
-            os.ftruncate(fd, f.size)  # sparse: shards may land in any order
+            # Sparse until written: shards may land in any order.
+            outs[f.name] = OutputFile.create(staging / f.name, f.size)
             tasks.extend(ShardTask(f, s) for s in f.shards)
         fetch_all(
             transport,
             pool,
             m.version,
             tasks,
-            lambda t: _RegionSink(fds[t.file.name], t.shard),
+            lambda t: _RegionSink(outs[t.file.name], t.shard),
             opts,
             on_shard_done=shard_done,
         )
@@ -405,8 +402,8 @@ def _download_into(
             total += sum(f.size for f in failed)
             fetch(failed)
     finally:
-        for fd in fds.values():
-            os.close(fd)
+        for out in outs.values():
+            out.close()
     if progress is not None and total == 0:
         progress(0, 0)
 

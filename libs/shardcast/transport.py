@@ -13,6 +13,7 @@ httpx.
 from __future__ import annotations
 
 import http.client
+import mmap
 import re
 import ssl
 import threading
@@ -177,10 +178,11 @@ class ShardTransport:
             on_chunk(view[:n])
             length -= n
 
-    def _buffer(self) -> bytearray:
+    def _buffer(self) -> mmap.mmap:
+        # Page-aligned (a bytearray is not), so a chunk can be written with O_DIRECT as is.
         buf = getattr(self._local, "buf", None)
         if buf is None:
-            buf = self._local.buf = bytearray(RECV_BUFFER)
+            buf = self._local.buf = mmap.mmap(-1, RECV_BUFFER)
         return buf
 
     def _checkout(

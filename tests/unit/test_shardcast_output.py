@@ -1,0 +1,88 @@
+"""`OutputFile`: shards written at their offsets, block-aligned runs with O_DIRECT where the
+file system has it, everything else (tails, odd offsets, unaligned buffers) through the page
+cache, and the file's bytes exactly what was written either way."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+import pytest
+
+from prime_swarm.libs.shardcast.output import BLOCK, OutputFile
+
+
+def aligned(data: bytes) -> memoryview:
+    """`data` in a page-aligned buffer, as the shard transport receives it."""
+    buf = mmap.mmap(-1, max(len(data), 1))
+    buf[: len(data)] = data
+    return memoryview(buf)[: len(data)]
+
+
+@pytest.fixture
+def payload() -> bytes:
+    return os.urandom(5 * BLOCK + 123)
+
+
+def test_aligned_runs_go_direct_and_the_tail_through_the_cache(
+    tmp_path: Path, payload: bytes
+) -> None:
+    path = tmp_path / "f.bin"
+    out = OutputFile.create(path, len(payload))
+    direct = out.direct_fd is not None  # False only where the file system lacks O_DIRECT
+    assert out.write_at(aligned(payload), 0) == len(payload)
+    assert (out.direct_fd is not None) == direct  # an aligned buffer never turns it off
+    out.close()
+    assert path.read_bytes() == payload
+
+
+def test_shards_in_any_order_and_at_odd_offsets(tmp_path: Path, payload: bytes) -> None:
+    path = tmp_path / "f.bin"
+    out = OutputFile.create(path, len(payload))
+    cut = 3 * BLOCK + 7  # a second "shard" that starts off a block boundary
+    assert out.write_at(aligned(payload[cut:]), cut) == len(payload)
+    assert out.write_at(aligned(payload[:cut]), 0) == cut
+    out.close()
+    assert path.read_bytes() == payload
+
+
+def test_an_unaligned_buffer_falls_back_to_buffered_writes(tmp_path: Path, payload: bytes) -> None:
+    path = tmp_path / "f.bin"
+    out = OutputFile.create(path, len(payload))
+    if out.direct_fd is None:
+        pytest.fail(f"{tmp_path} has no O_DIRECT: this test needs a file system that has it")
+    raw = bytearray(len(payload) + 1)
+    raw[1:] = payload
+    view = memoryview(raw)[1:]  # one byte past an allocation: never 4096-aligned
+    assert out.write_at(view, 0) == len(payload)
+    assert out.direct_fd is None  # refused once, buffered from then on
+    out.close()
+    assert path.read_bytes() == payload
+
+
+def test_a_retry_overwrites_the_same_region(tmp_path: Path, payload: bytes) -> None:
+    path = tmp_path / "f.bin"
+    out = OutputFile.create(path, len(payload))
+    out.write_at(aligned(b"\xff" * 2 * BLOCK), 0)  # a failed attempt's bytes
+    out.write_at(aligned(payload), 0)
+    out.close()
+    assert path.read_bytes() == payload
+
+
+def test_create_refuses_an_existing_file_and_leaves_no_descriptor(tmp_path: Path) -> None:
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"held")
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(FileExistsError):
+        OutputFile.create(path, 10)
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert path.read_bytes() == b"held"
+
+
+def test_direct_can_be_turned_off(tmp_path: Path, payload: bytes) -> None:
+    out = OutputFile.create(tmp_path / "f.bin", len(payload), direct=False)
+    assert out.direct_fd is None
+    out.write_at(aligned(payload), 0)
+    out.close()
+    assert (tmp_path / "f.bin").read_bytes() == payload
