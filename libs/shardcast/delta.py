@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -71,21 +72,37 @@ def apply(parent: bytes | memoryview, delta: bytes | memoryview) -> bytes:
     """`parent` with the delta's changes applied: the new file."""
     buf = bytearray(len(parent) + len(parent) % 2)
     buf[: len(parent)] = parent
-    apply_in_place(buf, len(parent), delta)
+    parse(delta, len(parent)).patch(buf, 0)
     return bytes(memoryview(buf)[: len(parent)])
 
 
-def apply_in_place(buf: bytearray | memoryview, length: int, delta: bytes | memoryview) -> None:
-    """Apply the delta to the parent's `length` bytes held in the writable `buf` (padded to an
-    even size), without copying them: how a client rebuilds a multi-GB file in one buffer."""
+@dataclass(frozen=True)
+class Changes:
+    """A parsed delta: the changed words' positions (ascending) and their XORs with the parent.
+    Applied a piece at a time, a multi-GB file is rebuilt through one small buffer."""
+
+    positions: np.ndarray
+    xors: np.ndarray
+
+    def patch(self, piece: bytearray | memoryview, offset: int) -> None:
+        """Apply, in place, the changes that fall in `piece`: the file's bytes from `offset`
+        (even), of even length (an odd-sized file's last piece padded with a zero byte)."""
+        first = offset // WORD.itemsize
+        words = np.frombuffer(piece, dtype=WORD)
+        lo, hi = np.searchsorted(self.positions, (first, first + words.size))
+        words[self.positions[lo:hi] - first] ^= self.xors[lo:hi]
+
+
+def parse(delta: bytes | memoryview, length: int) -> Changes:
+    """The changes of a delta for a parent of `length` bytes, every size and position checked."""
     if len(delta) < _HEADER.size:
         raise DeltaError("delta shorter than its header")
     magic, size, n, gaps_len, xors_len = _HEADER.unpack_from(delta)
     if magic != MAGIC:
         raise DeltaError("not a delta")
-    if size != length or len(buf) != length + length % 2:
+    if size != length:
         raise DeltaError(f"delta is for a {size}-byte file, the parent has {length}")
-    n_words = len(buf) // WORD.itemsize
+    n_words = (length + 1) // WORD.itemsize
     if n > n_words or _HEADER.size + gaps_len + xors_len != len(delta):
         raise DeltaError("delta sizes do not add up")
     body = memoryview(delta)[_HEADER.size :]
@@ -94,8 +111,7 @@ def apply_in_place(buf: bytearray | memoryview, length: int, delta: bytes | memo
     positions = np.cumsum(_join_planes(gaps, n, 4).view("<u4").astype(np.int64)) - 1
     if n and (positions[0] < 0 or positions[-1] >= n_words):
         raise DeltaError("delta positions out of range")
-    words = np.frombuffer(buf, dtype=WORD)
-    words[positions] ^= _join_planes(xors, n, 2).view(WORD).reshape(n)
+    return Changes(positions, _join_planes(xors, n, 2).view(WORD).reshape(n))
 
 
 def _inflate(packed: memoryview, size: int, what: str) -> bytes:

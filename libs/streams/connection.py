@@ -21,25 +21,19 @@ RETRY_ON = (ConnectionError, TimeoutError, BusyLoadingError)
 RETRIES = 16
 
 
-def _retry() -> redis.retry.Retry:
-    return redis.retry.Retry(ExponentialBackoff(cap=1.0, base=0.1), RETRIES, RETRY_ON)
+def _options(socket_timeout: float, retry: type) -> dict[str, object]:
+    """The same bounds for the sync and asyncio clients (each has its own Retry class)."""
+    return {
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": min(socket_timeout, 5.0),
+        "retry": retry(ExponentialBackoff(cap=1.0, base=0.1), RETRIES, RETRY_ON),
+        "retry_on_error": list(RETRY_ON),
+    }
 
 
 def connect(url: str, socket_timeout: float) -> redis.Redis:
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=min(socket_timeout, 5.0),
-        retry=_retry(),
-        retry_on_error=list(RETRY_ON),
-    )
+    return redis.Redis.from_url(url, **_options(socket_timeout, redis.retry.Retry))
 
 
 def connect_async(url: str, socket_timeout: float) -> redis.asyncio.Redis:
-    return redis.asyncio.Redis.from_url(
-        url,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=min(socket_timeout, 5.0),
-        retry=redis.asyncio.retry.Retry(ExponentialBackoff(cap=1.0, base=0.1), RETRIES, RETRY_ON),
-        retry_on_error=list(RETRY_ON),
-    )
+    return redis.asyncio.Redis.from_url(url, **_options(socket_timeout, redis.asyncio.retry.Retry))

@@ -6,7 +6,9 @@ import asyncio
 import logging
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import FileResponse
@@ -21,6 +23,7 @@ from .metrics import RelayMetrics
 from .state import RelayState, get_state
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 router = APIRouter()
 
 # Shards never change once written (a version is immutable), so caches may keep them forever.
@@ -130,6 +133,21 @@ def _stat(path: Path) -> os.stat_result | None:
         return None
 
 
+_GONE = object()  # `_wait_for_shard`: stop waiting, the version is gone or complete
+
+
+async def _poll(ready: Callable[[], T | None], seconds: float) -> T | None:
+    """`ready()` once it is not None, polled with a growing pause (5 ms to 50 ms: a shard in
+    flight is usually seconds away), or None after `seconds`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    pause = 0.005
+    while (found := ready()) is None and loop.time() < deadline:
+        await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+        pause = min(pause * 2, 0.05)
+    return found
+
+
 async def _wait_for_manifest(state: RelayState, version: int, wait: float) -> None:
     """Hold a shard request briefly for a version this relay has not seen yet.
 
@@ -142,35 +160,27 @@ async def _wait_for_manifest(state: RelayState, version: int, wait: float) -> No
     settings = state.settings
     if settings.mode != "relay":
         return  # the origin hears of a version first: nobody can ask it early
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + min(wait, 2 * settings.poll_interval_s + 1.0)
-    pause = 0.005
-    while state.store.get_manifest(version) is None and loop.time() < deadline:
-        await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
-        pause = min(pause * 2, 0.05)
+    hold = min(wait, 2 * settings.poll_interval_s + 1.0)
+    await _poll(lambda: state.store.get_manifest(version), hold)
 
 
 async def _wait_for_shard(
     state: RelayState, version: int, name: str, index: int, path: Path, wait: float
 ) -> os.stat_result | ShardWriter | None:
     """Cut-through: hold the request until this relay holds the shard or starts receiving it."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait
-    pause = 0.005
-    while loop.time() < deadline:
+
+    def arrived() -> os.stat_result | ShardWriter | object | None:
         if state.store.get_manifest(version) is None or state.store.is_complete(version):
-            break  # evicted, or complete without this file (cannot happen) : stop waiting
+            return _GONE  # evicted, or complete without this file (cannot happen)
         writer = state.store.writer_of(version, name, index)
-        # Followed once its first byte is here: until then a wait that runs out is a clean 404,
-        # not a response cut off before its body.
+        # Followed once its first byte is here: until then a wait that runs out is a clean
+        # 404, not a response cut off before its body.
         if writer is not None and writer.readable > 0:
             return writer
-        await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
-        pause = min(pause * 2, 0.05)
-        st = _stat(path)
-        if st is not None:
-            return st
-    return _stat(path)
+        return _stat(path)
+
+    found = await _poll(arrived, wait)
+    return found if isinstance(found, (os.stat_result, ShardWriter)) else _stat(path)
 
 
 _OPEN_RANGE = re.compile(r"bytes=(\d{1,19})-")

@@ -41,6 +41,24 @@ def test_odd_lengths_and_tails() -> None:
     assert d is not None and delta.apply(old, d) == bytes(new)
 
 
+@pytest.mark.parametrize("piece", [2, 4096, 10_000])
+def test_patching_piece_by_piece_equals_applying_at_once(piece: int) -> None:
+    """How a client rebuilds a large file through one small buffer (`client._patch_through`):
+    changes on both sides of every cut, and an odd tail padded as the last piece."""
+    old, new = _sparse_change(50_000, 0.05)
+    old, new = old + b"\x01", new + b"\x02"  # odd length, the last byte changed
+    d = delta.encode(old, new)
+    assert d is not None
+    changes = delta.parse(d, len(old))
+    rebuilt = bytearray()
+    for offset in range(0, len(old), piece):
+        part = bytearray(old[offset : offset + piece])
+        part += b"\0" * (len(part) % 2)
+        changes.patch(part, offset)
+        rebuilt += part[: min(piece, len(old) - offset)]
+    assert bytes(rebuilt) == new == delta.apply(old, d)
+
+
 def test_no_delta_between_files_of_different_length() -> None:
     assert delta.encode(b"abcd", b"abcdef") is None
 

@@ -4,12 +4,16 @@ cache, and the file's bytes exactly what was written either way."""
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from prime_swarm.libs.shardcast import delta
+from prime_swarm.libs.shardcast.client import _patch_through
 from prime_swarm.libs.shardcast.output import BLOCK, OutputFile
 
 
@@ -86,3 +90,34 @@ def test_direct_can_be_turned_off(tmp_path: Path, payload: bytes) -> None:
     out.write_at(aligned(payload), 0)
     out.close()
     assert (tmp_path / "f.bin").read_bytes() == payload
+
+
+@pytest.mark.parametrize("piece", [BLOCK, 3 * BLOCK])
+def test_a_rebuild_streams_the_parent_through_small_pieces(tmp_path: Path, piece: int) -> None:
+    """`client._patch_through`: parent read, patched, hashed and written a piece at a time;
+    the file and its hash are the new version's whatever the piece size."""
+    rng = np.random.default_rng(3)
+    old = rng.integers(0, 256, 10 * BLOCK + 5, dtype=np.uint8).tobytes()  # odd, unaligned end
+    new = bytearray(old)
+    for at in (0, BLOCK - 1, BLOCK, 7 * BLOCK + 3, len(new) - 1):
+        new[at] ^= 0x5A
+    d = delta.encode(old, bytes(new))
+    assert d is not None
+    (tmp_path / "parent").write_bytes(old)
+    out = OutputFile.create(tmp_path / "new", len(old))
+    with open(tmp_path / "parent", "rb", buffering=0) as src:
+        digest = _patch_through(src.fileno(), out, delta.parse(d, len(old)), len(old), piece)
+    out.close()
+    assert (tmp_path / "new").read_bytes() == bytes(new)
+    assert digest == hashlib.sha256(new).hexdigest()
+
+
+def test_a_short_parent_is_refused(tmp_path: Path) -> None:
+    old = bytes(3 * BLOCK)
+    d = delta.encode(old, old)
+    assert d is not None
+    (tmp_path / "parent").write_bytes(old[:-10])  # shrank after it was checked
+    out = OutputFile.create(tmp_path / "new", len(old))
+    with open(tmp_path / "parent", "rb", buffering=0) as src, pytest.raises(delta.DeltaError):
+        _patch_through(src.fileno(), out, delta.parse(d, len(old)), len(old), BLOCK)
+    out.close()
