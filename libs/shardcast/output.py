@@ -5,7 +5,7 @@ receive buffer straight to the disk, never through the page cache. A client writ
 once and reads it back at most once (to load it), so caching it buys little, and the buffered
 write costs: the copy into freshly allocated page-cache pages was 36 % of all CPU of the loopback
 broadcast (`perf`, 8 clients on 2 cores), and on VMs that hand freed memory back to the host
-(free-page reporting) a fresh page costs up to ten times a recycled one. Dirty pages also stop
+(free-page reporting) a fresh page costs up to ten times a recycled one. Dirty pages also throttle
 the download once they pass the kernel's dirty limit (a few GB: one large checkpoint).
 
 What is not aligned (the tail of a file, a transfer resumed mid-block, a buffer the caller did
@@ -24,8 +24,12 @@ BLOCK = 4096
 
 
 class OutputFile:
+    """Shared by the threads fetching the file's shards: each writes its own region."""
+
     def __init__(self, fd: int, direct_fd: int | None) -> None:
-        self.fd, self.direct_fd = fd, direct_fd
+        self.fd, self._direct_fd = fd, direct_fd
+        # Whether aligned runs still go direct: off for good once the kernel refuses one.
+        self.direct = direct_fd is not None
 
     @classmethod
     def create(cls, path: Path, size: int, direct: bool = True) -> OutputFile:
@@ -40,26 +44,29 @@ class OutputFile:
 
     def write_at(self, data: memoryview, pos: int) -> int:
         """Write all of `data` at `pos`; the position after it."""
-        if self.direct_fd is not None and pos % BLOCK == 0:
+        if self.direct and self._direct_fd is not None and pos % BLOCK == 0:
             aligned = len(data) - len(data) % BLOCK
             if aligned:
                 try:
-                    pos = _pwrite_all(self.direct_fd, data[:aligned], pos)
+                    pos = _pwrite_all(self._direct_fd, data[:aligned], pos)
                     data = data[aligned:]
                 except OSError as exc:
                     if exc.errno != errno.EINVAL:
                         raise
                     # An unaligned buffer (or a file system that takes O_DIRECT at open and not
-                    # at write): nothing was written, the buffered path takes it, and the rest.
-                    os.close(self.direct_fd)
-                    self.direct_fd = None
+                    # at write): the buffered path writes it all again from `pos`. The
+                    # descriptor stays open until `close`: another thread may be using it.
+                    self.direct = False
         return _pwrite_all(self.fd, data, pos)
 
     def close(self) -> None:
-        for fd in (self.direct_fd, self.fd):
-            if fd is not None:
-                os.close(fd)
-        self.direct_fd = None
+        """Once, after every writer is done (closing twice could close a reused number)."""
+        if self._direct_fd is not None:
+            os.close(self._direct_fd)
+            self._direct_fd = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def _open_direct(path: Path) -> int | None:

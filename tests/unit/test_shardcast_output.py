@@ -34,9 +34,9 @@ def test_aligned_runs_go_direct_and_the_tail_through_the_cache(
 ) -> None:
     path = tmp_path / "f.bin"
     out = OutputFile.create(path, len(payload))
-    direct = out.direct_fd is not None  # False only where the file system lacks O_DIRECT
+    direct = out.direct  # False only where the file system lacks O_DIRECT
     assert out.write_at(aligned(payload), 0) == len(payload)
-    assert (out.direct_fd is not None) == direct  # an aligned buffer never turns it off
+    assert out.direct == direct  # an aligned buffer never turns it off
     out.close()
     assert path.read_bytes() == payload
 
@@ -54,13 +54,13 @@ def test_shards_in_any_order_and_at_odd_offsets(tmp_path: Path, payload: bytes) 
 def test_an_unaligned_buffer_falls_back_to_buffered_writes(tmp_path: Path, payload: bytes) -> None:
     path = tmp_path / "f.bin"
     out = OutputFile.create(path, len(payload))
-    if out.direct_fd is None:
+    if not out.direct:
         pytest.fail(f"{tmp_path} has no O_DIRECT: this test needs a file system that has it")
     raw = bytearray(len(payload) + 1)
     raw[1:] = payload
     view = memoryview(raw)[1:]  # one byte past an allocation: never 4096-aligned
     assert out.write_at(view, 0) == len(payload)
-    assert out.direct_fd is None  # refused once, buffered from then on
+    assert not out.direct  # refused once, buffered from then on
     out.close()
     assert path.read_bytes() == payload
 
@@ -86,7 +86,7 @@ def test_create_refuses_an_existing_file_and_leaves_no_descriptor(tmp_path: Path
 
 def test_direct_can_be_turned_off(tmp_path: Path, payload: bytes) -> None:
     out = OutputFile.create(tmp_path / "f.bin", len(payload), direct=False)
-    assert out.direct_fd is None
+    assert not out.direct
     out.write_at(aligned(payload), 0)
     out.close()
     assert (tmp_path / "f.bin").read_bytes() == payload
