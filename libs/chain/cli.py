@@ -43,6 +43,9 @@ _UNIT_WEI = {"wei": 1, "gwei": 10**9, "ether": 10**18, "eth": 10**18}
 # --- argument types ---------------------------------------------------------------------------
 
 
+AMOUNT_HELP = "wei, or a number with gwei or ether (0.5ether)"
+
+
 def amount(text: str) -> int:
     """Wei from '1000', '2gwei' or '0.5ether'; fractions of a wei are refused, not rounded."""
     match = _AMOUNT.match(text.strip())
@@ -225,23 +228,30 @@ def cmd_set_slash_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+# A change of state says what it did: silence after a transaction reads as "nothing happened".
+
+
 def cmd_set_orchestrator_url(args: argparse.Namespace) -> int:
     _client(args, signer=True).set_orchestrator_url(args.pool, args.orchestrator_url)
+    print(f"pool {args.pool}: orchestrator {args.orchestrator_url}")
     return 0
 
 
 def cmd_set_trainer(args: argparse.Namespace) -> int:
     _client(args, signer=True).set_trainer(args.pool, args.trainer)
+    print(f"pool {args.pool}: trainer {args.trainer}")
     return 0
 
 
 def cmd_register_validator(args: argparse.Namespace) -> int:
     _client(args, signer=True).register_validator(args.pool, args.validator)
+    print(f"pool {args.pool}: validator {args.validator} registered")
     return 0
 
 
 def cmd_remove_validator(args: argparse.Namespace) -> int:
     _client(args, signer=True).remove_validator(args.pool, args.validator)
+    print(f"pool {args.pool}: validator {args.validator} removed")
     return 0
 
 
@@ -414,9 +424,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("create-pool", cmd_create_pool, "open a pool; prints its id")
     _add_deployment_options(p)
-    p.add_argument("--orchestrator-url", required=True)
-    p.add_argument("--min-stake", type=amount, required=True)
-    p.add_argument("--reward-per-unit", type=amount, required=True)
+    p.add_argument(
+        "--orchestrator-url", required=True, help="where workers find the pool's orchestrator"
+    )
+    p.add_argument(
+        "--min-stake", type=amount, required=True, help=f"a worker's least stake; {AMOUNT_HELP}"
+    )
+    p.add_argument(
+        "--reward-per-unit",
+        type=amount,
+        required=True,
+        help=f"paid per attested unit (a completion token); {AMOUNT_HELP}",
+    )
     p.add_argument(
         "--trainer", type=address, required=True, help="address that signs the policy manifests"
     )
@@ -450,7 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("set-orchestrator-url", cmd_set_orchestrator_url, "change a pool's URL")
     _add_deployment_options(p)
     p.add_argument("--pool", type=pool_id, required=True)
-    p.add_argument("--orchestrator-url", required=True)
+    p.add_argument(
+        "--orchestrator-url", required=True, help="where workers find the pool's orchestrator"
+    )
     _add_key_options(p)
 
     p = command("set-trainer", cmd_set_trainer, "change the address that signs a pool's policies")
@@ -477,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("fund-pool", cmd_fund_pool, "add reward funds; prints the pool's funds")
     _add_deployment_options(p)
     p.add_argument("--pool", type=pool_id, required=True)
-    p.add_argument("--amount", type=amount, required=True)
+    p.add_argument("--amount", type=amount, required=True, help=AMOUNT_HELP)
     _add_key_options(p)
 
     # Reads: the JSON forms for scripts, the status forms for people.

@@ -114,9 +114,26 @@ def test_deploy_create_pool_and_inspect(
         "--min-stake", "0.5ether", "--reward-per-unit", "2gwei", "--trainer", TRAINER,
     )  # fmt: skip
     assert pool == "1"
-    ok(capsys, "add-validator", *common, "--pool", pool, "--validator", validator.address)
-    ok(capsys, "set-orchestrator-url", *common, "--pool", pool, "--orchestrator-url", "http://o2")
-    ok(capsys, "set-trainer", *common, "--pool", pool, "--trainer", trainer.address.lower())
+    assert (
+        ok(capsys, "add-validator", *common, "--pool", pool, "--validator", validator.address)
+        == f"pool 1: validator {validator.address} registered"
+    )
+    assert (
+        ok(
+            capsys,
+            "set-orchestrator-url",
+            *common,
+            "--pool",
+            pool,
+            "--orchestrator-url",
+            "http://o2",
+        )
+        == "pool 1: orchestrator http://o2"
+    )
+    assert (
+        ok(capsys, "set-trainer", *common, "--pool", pool, "--trainer", trainer.address.lower())
+        == f"pool 1: trainer {trainer.address}"
+    )
     assert ok(capsys, "fund-pool", *common, "--pool", pool, "--amount", "3ether") == str(3 * 10**18)
 
     assert json.loads(ok(capsys, "pool-info", *common, "--pool", pool)) == {
