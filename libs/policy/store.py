@@ -19,6 +19,7 @@ import torch
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.io import load_pretrained, load_weights_like
 from prime_swarm.libs.shardcast.client import HeldFiles, download_version, fetch_manifest
+from prime_swarm.libs.shardcast.errors import NotAvailableError
 from prime_swarm.libs.shardcast.relays import RelayPool
 from prime_swarm.protocol.messages import Manifest, SignedManifest
 
@@ -59,6 +60,7 @@ class PolicyStore:
         self._lock = threading.Lock()
         self._relays: RelayPool | None = None
         self._fetching: threading.Thread | None = None
+        self._not_yet: set[int] = set()  # versions a prefetch found on no relay yet
 
     def relay_pool(self, urls: list[str]) -> RelayPool:
         """One pool per relay list, so a relay demoted for bad bytes stays demoted."""
@@ -100,6 +102,7 @@ class PolicyStore:
             raise PolicyError(f"could not fetch policy v{version}: {exc}") from exc
         with self._lock:
             self._downloaded[version] = signed
+            self._not_yet.discard(version)
 
     def _held_files(self, version: int) -> HeldFiles | None:
         """The newest version on disk before `version`: its unchanged files are linked, not
@@ -128,11 +131,27 @@ class PolicyStore:
                 try:
                     self.download(version, relays)
                 except PolicyError as exc:
-                    log.warning("%s; keeping the held version", exc)
+                    self._prefetch_failed(version, exc)
 
             self._fetching = threading.Thread(target=fetch, name="policy-prefetch", daemon=True)
             self._fetching.start()
             return self._fetching
+
+    def _prefetch_failed(self, version: int, exc: PolicyError) -> None:
+        """A version announced before the relays hold it is routine (they poll their parents):
+        said once per version, then only in debug logs, as the prefetch is tried again on
+        every loop until it lands. Anything else is a warning each time."""
+        if not isinstance(exc.__cause__, NotAvailableError):
+            log.warning("%s; keeping the held version", exc)
+            return
+        first = version not in self._not_yet
+        self._not_yet.add(version)
+        log.log(
+            logging.INFO if first else logging.DEBUG,
+            "policy v%d not on the relays yet; keeping the held version",
+            version,
+            extra={"fields": {"detail": str(exc.__cause__)[:300]}},
+        )
 
     def is_downloaded(self, version: int) -> bool:
         with self._lock:

@@ -10,6 +10,10 @@ readers skip ids already trained or decided, sets and acknowledgements are idemp
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import redis
 import redis.asyncio
 from redis.backoff import ExponentialBackoff
@@ -37,3 +41,19 @@ def connect(url: str, socket_timeout: float) -> redis.Redis:
 
 def connect_async(url: str, socket_timeout: float) -> redis.asyncio.Redis:
     return redis.asyncio.Redis.from_url(url, **_options(socket_timeout, redis.asyncio.retry.Retry))
+
+
+@contextmanager
+def exit_when_redis_is_gone(prog: str) -> Iterator[None]:
+    """Redis still unreachable after the retry budget ends a service with one line on stderr
+    and exit code 1, not a traceback: a supervisor restarts it, and it resumes from Redis. The
+    message names host and port only (the URL may carry a password)."""
+    try:
+        yield
+    except RETRY_ON as exc:
+        print(
+            f"{prog}: Redis did not come back within the retry budget ({exc}); exiting so "
+            "that a supervisor restarts this service, which resumes from Redis",
+            file=sys.stderr,
+        )
+        sys.exit(1)

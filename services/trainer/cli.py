@@ -9,6 +9,7 @@ from prime_swarm.libs.chain.keyfile import load_or_create_key
 from prime_swarm.libs.cli import add_settings, new_parser
 from prime_swarm.libs.observability.http import serve_observability
 from prime_swarm.libs.observability.logs import setup_logging
+from prime_swarm.libs.streams.connection import exit_when_redis_is_gone
 
 from .settings import TrainerSettings
 
@@ -38,15 +39,16 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             close_distributed(ctx, finished)
         return
-    trainer = Trainer(settings, load_or_create_key(settings.key_file), ctx)
-    if settings.metrics_port:
-        serve_observability(
-            settings.metrics_host,
-            settings.metrics_port,
-            lambda: {"service": "trainer", "step": trainer.step},
-        )
     try:
-        trainer.run()
+        with exit_when_redis_is_gone("prime-trainer"):
+            trainer = Trainer(settings, load_or_create_key(settings.key_file), ctx)
+            if settings.metrics_port:
+                serve_observability(
+                    settings.metrics_host,
+                    settings.metrics_port,
+                    lambda: {"service": "trainer", "step": trainer.step},
+                )
+            trainer.run()
         finished = True
     except KeyboardInterrupt:
         log.info("interrupted")

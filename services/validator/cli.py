@@ -11,6 +11,7 @@ from prime_swarm.libs.chain.keyfile import KeyFileError, load_key
 from prime_swarm.libs.cli import add_settings, fail, new_parser
 from prime_swarm.libs.observability.http import serve_observability
 from prime_swarm.libs.observability.logs import setup_logging
+from prime_swarm.libs.streams.connection import exit_when_redis_is_gone
 
 from .settings import ValidatorSettings
 
@@ -31,23 +32,24 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(settings.threads)
     from .loop import Validator
 
-    try:
-        validator = Validator(settings, account)
-    except ChainError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        sys.exit(2)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    if settings.metrics_port:
-        serve_observability(
-            settings.metrics_host,
-            settings.metrics_port,
-            lambda: {"service": "validator", "verdicts": dict(validator.counts)},
-        )
-    validator.run(stop)
-    # Leave nothing owed on chain when asked to stop.
-    validator.drain_chain_queue()
+    with exit_when_redis_is_gone(PROG):
+        try:
+            validator = Validator(settings, account)
+        except ChainError as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            sys.exit(2)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        if settings.metrics_port:
+            serve_observability(
+                settings.metrics_host,
+                settings.metrics_port,
+                lambda: {"service": "validator", "verdicts": dict(validator.counts)},
+            )
+        validator.run(stop)
+        # Leave nothing owed on chain when asked to stop.
+        validator.drain_chain_queue()
 
 
 if __name__ == "__main__":

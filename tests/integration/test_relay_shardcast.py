@@ -6,6 +6,7 @@ Every server is a real `prime-relay` uvicorn process on a free 127.0.0.1 port.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -142,6 +143,25 @@ def test_policy_store_downloads_apart_from_loading(
         PolicyStore(work / "policy_store2", trainer.address, timeout_s=2).get(
             1, ["http://127.0.0.1:1"]
         )
+
+
+def test_a_prefetch_ahead_of_the_relays_is_said_once(
+    work: Path, servers: dict[str, Server], trainer: LocalAccount, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Workers and validators prefetch an announced version on every loop until a relay holds
+    it (relays poll their parents): routine, so one INFO line per version, not a warning each
+    time (a bare-metal pool logged 95 in 40 s)."""
+    from prime_swarm.libs.policy.store import PolicyStore
+
+    store = PolicyStore(work / "policy_store3", trainer.address, timeout_s=2)
+    caplog.set_level(logging.DEBUG, logger="policy")
+    for _ in range(3):
+        fetching = store.prefetch(99, [servers["relay_a"].url])
+        assert fetching is not None
+        fetching.join(20)
+    said = [r.levelno for r in caplog.records if "v99 not on the relays yet" in r.getMessage()]
+    assert said == [logging.INFO, logging.DEBUG, logging.DEBUG]
+    assert not [r for r in caplog.records if r.name == "policy" and r.levelno >= logging.WARNING]
 
 
 def test_publish_pull_download_identical(

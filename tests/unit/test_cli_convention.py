@@ -401,3 +401,20 @@ def test_console_scripts_answer_version_and_bad_values() -> None:
         "prime-orchestrator: --pool: input should be greater than or equal to 1, got '-3' "
         "(PRIME_ORCH_POOL_ID)"
     ]
+
+
+def test_a_service_whose_redis_is_gone_ends_with_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Past the retry budget, the validator and trainer exit 1 with one line naming Redis,
+    host and port only, never the URL's password and never a traceback."""
+    import redis
+
+    from prime_swarm.libs.streams.connection import exit_when_redis_is_gone
+
+    with pytest.raises(SystemExit) as ended, exit_when_redis_is_gone("prime-validator"):
+        raise redis.ConnectionError("Error 111 connecting to 10.0.0.5:6379. Connection refused.")
+    assert ended.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("prime-validator: Redis did not come back")
+    assert "10.0.0.5:6379" in err and "Traceback" not in err
