@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import redis
 import redis.asyncio
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
+from redis.exceptions import AuthenticationError, BusyLoadingError, ConnectionError, TimeoutError
 
 RETRY_ON = (ConnectionError, TimeoutError, BusyLoadingError)
 # 0.1, 0.2, 0.4, 0.8 then 1 s apart: about 14 s in all, longer than a restart replaying an AOF
@@ -50,6 +50,14 @@ def exit_when_redis_is_gone(prog: str) -> Iterator[None]:
     message names host and port only (the URL may carry a password)."""
     try:
         yield
+    except AuthenticationError as exc:
+        # A subclass of ConnectionError: retried like an outage, but a restart cannot fix it.
+        print(
+            f"{prog}: Redis refused the user or password in the Redis URL ({exc}); check it "
+            "against the ACL (`prime-swarm compose-secrets` wrote both)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     except RETRY_ON as exc:
         print(
             f"{prog}: Redis did not come back within the retry budget ({exc}); exiting so "

@@ -418,3 +418,17 @@ def test_a_service_whose_redis_is_gone_ends_with_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("prime-validator: Redis did not come back")
     assert "10.0.0.5:6379" in err and "Traceback" not in err
+
+
+def test_a_wrong_redis_password_is_named_not_called_an_outage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import redis
+
+    from prime_swarm.libs.streams.connection import exit_when_redis_is_gone
+
+    with pytest.raises(SystemExit) as ended, exit_when_redis_is_gone("prime-trainer"):
+        raise redis.AuthenticationError("invalid username-password pair or user is disabled.")
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "user or password in the Redis URL" in err
