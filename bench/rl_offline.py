@@ -40,7 +40,8 @@ from prime_swarm.libs.rl.loss import LossConfig
 from prime_swarm.libs.rl.sft import warm_start
 from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.rollout.recipe import Recipe
-from prime_swarm.libs.rollout.verify import prefill_hidden, replay_gaps, termination_ok
+from prime_swarm.libs.rollout.recompute import prefill_hidden
+from prime_swarm.libs.rollout.verify import replay_gaps, termination_ok
 
 RECIPE = Recipe()
 BACKEND = HFBackend("bf16")
@@ -87,7 +88,7 @@ def worker_and_validator(
     assert accept is not None
     ref = worker.cast(BACKEND.precision)
     hiddens = prefill_hidden(ref, [(p, c.token_ids) for p, c in flat], BACKEND.precision)
-    tol = accept.replay_tolerance
+    tol = accept.recheck.max_replay_gap
     rollouts: list[list[Rollout]] = [[] for _ in tasks]
     rejected = 0
     for i, ((p, c), hidden) in enumerate(zip(flat, hiddens, strict=True)):

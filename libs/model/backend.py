@@ -1,10 +1,10 @@
 """The generation backend interface: what a worker needs from an inference engine.
 
 A backend samples with the pool's seeded Gumbel-max rule (libs/rollout/noise.py), so that a
-validator can replay every choice, and returns the final hidden states behind every generated
-token from one prefill of the chosen tokens (`libs/rl/forward.prefill_hidden`, the validator's
-own recomputation, so honest proofs match it bit for bit on like hardware). `hf` (transformers,
-KV cache, CPU or CUDA) is in hf_backend.py, `vllm` (vLLM's V1 engine) in vllm_backend.py.
+validator can replay every choice, and returns the tokens with the log-probs it sampled them at.
+Proofs are the rollout contract's (libs/rollout/answer.py proves over one prefill of the chosen
+tokens, the recomputation a validator's second opinion runs). `hf` (transformers, KV cache, CPU
+or CUDA) is in hf_backend.py, `vllm` (vLLM's V1 engine) in vllm_backend.py.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
-
-import torch
 
 from prime_swarm.protocol.messages import BackendName
 
@@ -30,8 +28,6 @@ class Generation:
     finish_reason: FinishReason
     logprobs: list[float]
     """log softmax(logits / T) of each sampled token, as the generating machine computed it."""
-    hidden: torch.Tensor
-    """[len(token_ids), hidden_size] final hidden states behind each token (CPU)."""
 
 
 class GenerationBackend(Protocol):

@@ -28,7 +28,9 @@ class GgufImportError(ValueError):
     """The file cannot be imported; the message says why in one line."""
 
 
-def import_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.float32) -> Path:
+def import_gguf(
+    gguf_file: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.float32
+) -> Path:
     """Dequantize `gguf_file` into the model directory `out_dir` (replaced atomically)."""
     path = Path(gguf_file)
     if not path.is_file():

@@ -92,3 +92,16 @@ def detect(device: str) -> Hardware:
         return Hardware("cuda", props.name, props.total_memory / 2**30)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return Hardware("cpu", f"{_cpu_name()} ({cores or 1} cores)", _ram_gib())
+
+
+def device_class(device: str) -> str:
+    """The class of device whose arithmetic `device` shares: `cuda-sm90` for an H100 or H200,
+    `cpu-x86_64` for any x86 CPU. A worker declares it with every submission; a suspect is
+    settled by a second opinion recomputed on the same class (libs/rollout/verify.settle)."""
+    if device.startswith("cuda"):
+        import torch
+
+        index = int(device.split(":", 1)[1]) if ":" in device else 0
+        major, minor = torch.cuda.get_device_capability(index)
+        return f"cuda-sm{major}{minor}"
+    return f"cpu-{platform.machine().lower() or 'unknown'}"

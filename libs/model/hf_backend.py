@@ -4,8 +4,8 @@ All completions of a call share one left-padded batch and one KV cache: one pref
 prompts, then one forward of a single token per row and step; the next token is the argmax of
 the fp32 logits, tempered, plus the row's seeded noise. Prompts of different lengths share the
 batch (one batch generates 1.4-2x faster than a batch per prompt length; the padding moves the
-decode's numbers no more than batching does). The hidden states a proof commits to come from a
-prefill of the chosen tokens afterwards, as in the vLLM backend: libs/rl/forward.prefill_hidden.
+decode's numbers no more than batching does). Proofs are not the backend's business: they
+commit to one prefill of the chosen tokens, libs/rollout/recompute.prefill_hidden.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from prime_swarm.libs.rl.forward import pad_left, prefill_hidden
+from prime_swarm.libs.rl.forward import pad_left
 from prime_swarm.libs.rl.logprobs import token_logprobs
 from prime_swarm.libs.rollout.noise import gumbel_rows, perturbed_scores
 
@@ -75,18 +75,11 @@ class HFBackend:
             positions = positions[:, -1:] + 1
             last = lm.final_hidden(chosen[:, None], attn, positions, cache)[:, -1]
         chosen_ids = [tokens[i, : int(length[i])].tolist() for i in range(n)]
-        # Proofs commit to a prefill of the chosen tokens, the validator's own recomputation,
-        # not to the decode's hidden states: decode against prefill pooled to 0.575 ulp in
-        # live runs, past the 0.55 limit that int8 weights reach at 0.59, and honest workers
-        # were slashed. One forward over every row costs less than a decode step per token.
-        pairs = [(prompts[i // group_size], chosen_ids[i]) for i in range(n)]
-        hiddens = prefill_hidden(lm, pairs, self.precision)
         out = [
             Generation(
                 token_ids=chosen_ids[i],
                 finish_reason="eos" if bool(done[i]) else "length",
                 logprobs=logprobs[i, : len(chosen_ids[i])].tolist(),
-                hidden=hiddens[i],
             )
             for i in range(n)
         ]

@@ -7,15 +7,16 @@ leaves a single finite logit, so vLLM's greedy sampler returns exactly that toke
 token is checked against the processor's choice at its position; a vLLM that bypassed the
 processor raises `VLLMBackendError` instead of yielding tokens a validator would reject.
 
-Proofs come from a transformers prefill of vLLM's tokens in the worker's precision, the very
-recomputation the validator runs, not from vLLM's own hidden states. Measured on the tiny model
-(bf16, CPU, 100-300 groups; bench/results/toploc.json has the prefill numbers): vLLM's captured
-hidden states against the validator's prefill pool to a group mantissa error of p50 0.55 / max
-1.01 ulp with vLLM's C++ kernels and p50 0.40 / max 0.55 with its native ops, while an int8
-cheater pools from 0.535 and a 1%-RMS fine-tuned neighbour from 0.62: no limit tells them apart
-without rejecting honest work. A prefill over the tokens is one batched forward (decode is the
-expensive part, and stays vLLM's), and the proof's honest noise becomes prefill against prefill.
-The price is a second copy of the weights, loaded by the worker's policy store on `--device`.
+The log-prob of each token is the processor's: log softmax(logits / T) of vLLM's own logits at
+the chosen token, as the engine sampled it. Proofs are not the backend's business: they commit
+to one transformers prefill of the chosen tokens (libs/rollout/recompute.prefill_hidden), the
+recomputation a validator's second opinion runs. Measured on the tiny model (bf16, CPU,
+100-300 groups): vLLM's own hidden states against the validator's prefill pooled to a group
+mantissa error of p50 0.55 / max 1.01 ulp with vLLM's C++ kernels and p50 0.40 / max 0.55 with
+its native ops, while an int8 cheater pooled from 0.535: proving over vLLM's states would tell
+neither apart. A prefill over the tokens is one batched forward (decode is the expensive part,
+and stays vLLM's); the price is a second copy of the weights, loaded by the worker's policy
+store on `--device`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from typing import Any
 
 import torch
 
-from prime_swarm.libs.rl.forward import prefill_hidden
 from prime_swarm.libs.rl.logprobs import token_logprobs
 from prime_swarm.libs.rollout.noise import gumbel_rows, perturbed_scores
 
@@ -72,14 +72,14 @@ class _Choices:
     """Tokens the processor chose, per request key and position (the engine runs in this
     process, so the processor and the backend share it)."""
 
-    rows: dict[str, dict[int, int]] = field(default_factory=dict)
+    rows: dict[str, dict[int, tuple[int, float]]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record(self, key: str, position: int, token: int) -> None:
+    def record(self, key: str, position: int, token: int, logprob: float) -> None:
         with self.lock:
-            self.rows.setdefault(key, {})[position] = token
+            self.rows.setdefault(key, {})[position] = (token, logprob)
 
-    def take(self, key: str) -> dict[int, int]:
+    def take(self, key: str) -> dict[int, tuple[int, float]]:
         with self.lock:
             return self.rows.pop(key, {})
 
@@ -143,6 +143,7 @@ def _processor_class() -> type:
             mine = logits[rows].float()
             positions = [len(r.output) for r in reqs]
             chosen = torch.empty(len(reqs), dtype=torch.long, device=logits.device)
+            logprobs = torch.empty(len(reqs), dtype=torch.float32, device=logits.device)
             for t in {r.temperature for r in reqs}:
                 group = [i for i, r in enumerate(reqs) if r.temperature == t]
                 noise = (
@@ -155,8 +156,11 @@ def _processor_class() -> type:
                     else None
                 )
                 chosen[group] = perturbed_scores(mine[group], t, noise).argmax(dim=-1)
-            for r, k, token in zip(reqs, positions, chosen.tolist(), strict=True):
-                _CHOICES.record(r.key, k, token)
+                logprobs[group] = token_logprobs(mine[group], chosen[group], t)
+            for r, k, token, lp in zip(
+                reqs, positions, chosen.tolist(), logprobs.tolist(), strict=True
+            ):
+                _CHOICES.record(r.key, k, token, lp)
             forced = torch.full_like(logits[rows], float("-inf"))
             forced.scatter_(1, chosen[:, None], 0.0)
             logits[rows] = forced
@@ -259,44 +263,24 @@ class VLLMBackend:
                     )
                 )
         outputs = llm.generate(requests, params, use_tqdm=False)
-        tokens = [self._checked_tokens(k, o) for k, o in zip(keys, outputs, strict=True)]
-        pairs = [(prompts[i // group_size], t) for i, t in enumerate(tokens)]
-        out = self._prove(lm, pairs, temperature)
+        eos = lm.eos_ids
+        out = []
+        for key, output in zip(keys, outputs, strict=True):
+            tokens, logprobs = self._checked(key, output)
+            finish = "eos" if tokens and tokens[-1] in eos else "length"
+            out.append(Generation(tokens, finish, logprobs))
         return [out[p * group_size : (p + 1) * group_size] for p in range(len(prompts))]
 
     @staticmethod
-    def _checked_tokens(key: str, output: Any) -> list[int]:
-        """vLLM's tokens for one request, if each is the processor's seeded choice at its
-        position; anything else means the processor was bypassed."""
+    def _checked(key: str, output: Any) -> tuple[list[int], list[float]]:
+        """vLLM's tokens for one request with the processor's log-probs, if each token is the
+        processor's seeded choice at its position; anything else means it was bypassed."""
         tokens = list(output.outputs[0].token_ids)
         chosen = _CHOICES.take(key)
-        if [chosen.get(k) for k in range(len(tokens))] != tokens or len(chosen) != len(tokens):
+        picked = [chosen[k][0] if k in chosen else None for k in range(len(tokens))]
+        if picked != tokens or len(chosen) != len(tokens):
             raise VLLMBackendError(
                 f"request {key}: vLLM returned tokens the seeded processor did not choose "
                 f"({len(tokens)} tokens, {len(chosen)} choices)"
             )
-        return tokens
-
-    def _prove(
-        self, lm: CausalLM, pairs: list[tuple[Sequence[int], list[int]]], temperature: float
-    ) -> list[Generation]:
-        """Hidden states and log-probs from the validator's own recomputation (one transformers
-        prefill in this backend's precision) over vLLM's tokens."""
-        nonempty = [i for i, (_, t) in enumerate(pairs) if t]
-        hiddens = prefill_hidden(lm, [pairs[i] for i in nonempty], self.precision)
-        by_row = dict(zip(nonempty, hiddens, strict=True))
-        head = lm.cast(self.precision)
-        out = []
-        for i, (_, toks) in enumerate(pairs):
-            hidden = by_row.get(i, torch.zeros((0, lm.hidden_size), dtype=torch.bfloat16))
-            logits = head.head_logits(hidden.to(head.device))
-            ids = torch.as_tensor(toks, dtype=torch.long, device=logits.device)
-            out.append(
-                Generation(
-                    token_ids=toks,
-                    finish_reason="eos" if toks and toks[-1] in lm.eos_ids else "length",
-                    logprobs=token_logprobs(logits, ids, temperature).tolist(),
-                    hidden=hidden,
-                )
-            )
-        return out
+        return tokens, [chosen[k][1] for k in range(len(tokens))]

@@ -68,28 +68,6 @@ def completion_hidden(
     return take, targets, mask
 
 
-PROOF_WIDTH_MULTIPLE = 32
-"""Proof prefills pad every row to a multiple of this many tokens. A row's bf16 hidden states
-depend on the padded width of its batch (attention and GEMM blocking change with it), not on the
-other rows: a worker and a validator that batch the same sequence differently still compute it
-bit for bit alike when the widths agree (tiny Qwen2 on CPU, one and two threads: pooled group
-error exactly 0 over 160 groups, against p99 0.36 / worst 0.40 ulp with widths left ragged)."""
-
-
-@torch.no_grad()
-def prefill_hidden(
-    lm: CausalLM, sequences: Sequence[PromptCompletion], precision: str = "bf16"
-) -> list[torch.Tensor]:
-    """The final hidden states behind every completion token ([L, C], bf16, CPU), from ONE
-    right-padded forward at `precision` over all sequences: what a proof commits to, computed
-    the same way by the worker that proves and the validator that checks."""
-    if not sequences:
-        return []
-    hidden, _, _ = completion_hidden(lm.cast(precision), sequences, PROOF_WIDTH_MULTIPLE)
-    hidden = hidden.to(torch.bfloat16).cpu()
-    return [hidden[i, : len(c)] for i, (_, c) in enumerate(sequences)]
-
-
 def forward_completions(
     lm: CausalLM, pairs: Sequence[PromptCompletion]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

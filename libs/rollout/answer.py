@@ -1,6 +1,6 @@
-"""A worker's answer to a lease: seeded generation through the injected backend (hidden states
-captured on the way), TOPLOC proofs built off the critical path in a background thread, and the
-submission."""
+"""A worker's answer to a lease: seeded generation through the injected backend, then the one
+proof prefill of the chosen tokens (libs/rollout/recompute.prefill_hidden) and the TOPLOC proofs
+over it, built off the critical path in a background thread, and the submission."""
 
 from __future__ import annotations
 
@@ -11,14 +11,16 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import torch
-
 from prime_swarm.libs.model.backend import Generation, GenerationBackend
+from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.model.tokenizer import decode, prompt_ids
 from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.toploc import ProofContext, build_proofs_batch, group_contexts
 from prime_swarm.protocol.messages import CompletionSample, Lease, RolloutSubmission
+
+from .recompute import prefill_hidden
 
 
 @dataclass
@@ -44,10 +46,16 @@ class ProofBuilder:
         self.timer = ProofTimer()
 
     def submit(
-        self, hiddens: list[torch.Tensor], contexts: list[ProofContext]
+        self,
+        lm: CausalLM,
+        precision: str,
+        pairs: list[tuple[list[int], list[int]]],
+        contexts: list[ProofContext],
     ) -> Future[list[bytes]]:
         def job() -> list[bytes]:
             t0 = time.perf_counter()
+            # One prefill of every chosen sequence, the same one a validator recomputes.
+            hiddens = prefill_hidden(lm, pairs, precision)
             proofs = build_proofs_batch(hiddens, contexts)
             self.timer.add(prove=time.perf_counter() - t0)
             return proofs
@@ -66,6 +74,7 @@ class PendingSubmission:
     policy_version: int
     backend: str
     precision: str
+    device_class: str
     prompt_ids: list[int]
     completions: list[Generation]
     rewards: list[float]
@@ -94,6 +103,7 @@ class PendingSubmission:
             policy_version=self.policy_version,
             backend=self.backend,  # type: ignore[arg-type]
             precision=self.precision,  # type: ignore[arg-type]
+            device_class=self.device_class,
             prompt_token_ids=self.prompt_ids,
             completions=samples,
         )
@@ -106,6 +116,7 @@ def start_leases(
     costs about a fifth per completion of 8 single-prompt calls on CPU); hand the proofs to the
     background builder and return at once."""
     tok = policy.lm.tokenizer
+    device = device_class(str(policy.lm.device))
     by_sampling: dict[tuple[int, int, float], list[Lease]] = defaultdict(list)
     for lease in leases:
         s = lease.sampling
@@ -124,18 +135,18 @@ def start_leases(
         )
         builder.timer.add(gen=time.perf_counter() - t0)
         # One proof job for the whole batch: the field arithmetic runs once over every chunk.
-        hiddens: list[torch.Tensor] = []
+        pairs: list[tuple[list[int], list[int]]] = []
         contexts: list[ProofContext] = []
         spans: list[slice] = []
-        for lease, completions in zip(batch, groups, strict=True):
-            spans.append(slice(len(hiddens), len(hiddens) + len(completions)))
-            hiddens.extend(c.hidden for c in completions)
+        for lease, prompt, completions in zip(batch, prompts, groups, strict=True):
+            spans.append(slice(len(pairs), len(pairs) + len(completions)))
+            pairs.extend((prompt, c.token_ids) for c in completions)
             contexts.extend(
                 group_contexts(
                     policy.model_hash, lease.lease_id, [c.token_ids for c in completions]
                 )
             )
-        future = builder.submit(hiddens, contexts)
+        future = builder.submit(policy.lm, backend.precision, pairs, contexts)
         for lease, prompt, completions, span in zip(batch, prompts, groups, spans, strict=True):
             env = get_env(lease.env)
             task = env.task_from_id(lease.task_id)
@@ -145,6 +156,7 @@ def start_leases(
                 policy.version,
                 backend.name,
                 backend.precision,
+                device,
                 prompt,
                 completions,
                 rewards,

@@ -1,14 +1,21 @@
 """The validator's checks: what a submission must show, each failure with a named reason.
 
-`measure_group` recomputes the evidence (proof statistics, replay gaps, rewards, log-probs) from
-the validator's own prefill; `judge_group` holds it against the calibrated limits. They are split
-so that the benchmark reports the very numbers the validator decides on.
+`verify_batch` is the whole decision for a batch of submissions: one recomputation per policy
+version and precision (libs/rollout/recompute.py), one TOPLOC check for every proof, then per
+group `measure_group` (the evidence: proof statistics against the fp32 reference, the weight
+ratio, replay gaps, rewards, log-probs) and `judge_group` (the evidence against the calibrated
+bands: accept, suspect or reject). A suspect gets a second opinion (`second_opinion`: the
+validator's recomputation in the declared precision and a KV-cached decode, the worker's own
+path) before anything is slashed: no honest worker is slashed on one opinion (DESIGN.md §3.10).
+Measuring and judging are split so that the benchmark reports the very numbers the validator
+decides on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -16,13 +23,14 @@ from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.tokenizer import decode, prompt_ids
 from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rl.envs import get_env
-from prime_swarm.libs.rl.forward import prefill_hidden as prefill_hidden  # the proof's prefill
 from prime_swarm.libs.rl.logprobs import token_logprobs
 from prime_swarm.libs.rl.reward import LengthReward, RewardParts, score
 from prime_swarm.libs.toploc import (
     ProofContext,
     VerifyResult,
+    compare_hidden,
     group_contexts,
+    pooled_chunk_err,
     pooled_mant_err_mean,
     verify_proofs_batch,
 )
@@ -31,6 +39,7 @@ from prime_swarm.protocol.messages import SubmittedRollout, VerifiedCompletion
 from .admission import Refusal
 from .calibration import Acceptance, acceptance_for
 from .noise import gumbel_rows, perturbed_scores
+from .recompute import Recomputed, decode_logits, recompute
 
 
 # --------------------------------------------------------------------------- recomputation
@@ -93,30 +102,41 @@ def check_shapes(entry: SubmittedRollout, lm: CausalLM) -> None:
 
 
 # --------------------------------------------------------------------------- evidence
+@dataclass
+class Work:
+    """One submission and the policy it claims, as the validator judges it."""
+
+    entry: SubmittedRollout
+    policy: LoadedPolicy
+
+    def pairs(self) -> list[tuple[list[int], list[int]]]:
+        sub = self.entry.submission
+        return [(sub.prompt_token_ids, c.token_ids) for c in sub.completions]
+
+
 def check_proofs(
-    groups: Sequence[tuple[SubmittedRollout, LoadedPolicy]],
-    hiddens: Sequence[Sequence[torch.Tensor]],
-    acceptance: Acceptance,
+    works: Sequence[Work], recomputed: Sequence[Sequence[Recomputed]], acceptance: Acceptance
 ) -> list[list[VerifyResult]]:
     """The TOPLOC check of many groups' proofs in one batch (its field arithmetic costs per
-    call, not per chunk), each against the validator's hidden states for that group."""
+    call, not per chunk), each against the fp32 reference of that group, with the gross limits
+    only (the weight ratio judges the rest)."""
     flat_h: list[torch.Tensor] = []
     flat_p: list[bytes] = []
     flat_c: list[ProofContext] = []
-    for (entry, policy), group_h in zip(groups, hiddens, strict=True):
-        sub, lease = entry.submission, entry.lease
-        flat_h.extend(group_h)
+    for work, recs in zip(works, recomputed, strict=True):
+        sub, lease = work.entry.submission, work.entry.lease
+        flat_h.extend(r.reference for r in recs)
         flat_p.extend(c.proof for c in sub.completions)
         flat_c.extend(
             group_contexts(
-                policy.model_hash, lease.lease_id, [c.token_ids for c in sub.completions]
+                work.policy.model_hash, lease.lease_id, [c.token_ids for c in sub.completions]
             )
         )
-    results = verify_proofs_batch(flat_h, flat_p, flat_c, acceptance.thresholds)
+    results = verify_proofs_batch(flat_h, flat_p, flat_c, acceptance.gross)
     out, at = [], 0
-    for group_h in hiddens:
-        out.append(results[at : at + len(group_h)])
-        at += len(group_h)
+    for recs in recomputed:
+        out.append(results[at : at + len(recs)])
+        at += len(recs)
     return out
 
 
@@ -125,29 +145,45 @@ class CompletionEvidence:
     proof: VerifyResult
     max_replay_gap: float
     first_bad_position: int | None
+    """The first token whose replay gap reaches the reject band (None: none does)."""
     reward: RewardParts
     logprobs: list[float]
 
 
+@dataclass
+class GroupEvidence:
+    completions: list[CompletionEvidence]
+    worker_err: float
+    """Pooled mantissa error (ulps) of the worker's proofs against the fp32 reference."""
+    noise_err: float
+    """The same for the validator's own recomputation in the declared precision: this model's
+    honest noise at this depth, on these tokens."""
+    weight_ratio: float
+    """worker_err / max(noise_err, floor): about 1 for honest work, whatever the depth."""
+
+    @property
+    def max_replay_gap(self) -> float:
+        return max(ev.max_replay_gap for ev in self.completions)
+
+
 @torch.no_grad()
 def measure_group(
-    entry: SubmittedRollout,
-    policy: LoadedPolicy,
-    hiddens: Sequence[torch.Tensor],
+    work: Work,
+    recs: Sequence[Recomputed],
     acceptance: Acceptance,
     length: LengthReward | None = None,
     proofs: Sequence[VerifyResult] | None = None,
-) -> list[CompletionEvidence]:
-    """Recompute everything the verdict rests on, from the validator's own hidden states.
+) -> GroupEvidence:
+    """Recompute everything the verdict rests on from the validator's recomputation.
     `proofs`: the group's proofs already checked (`check_proofs`, batched over many groups)."""
     length = length or LengthReward()
+    entry, policy = work.entry, work.policy
     sub, lease = entry.submission, entry.lease
-    # The head in the declared precision too: the worker's logits came from those weights.
-    lm = policy.lm.cast(sub.precision)
+    lm = policy.lm.cast("fp32")
     env = get_env(lease.env)
     task = env.task_from_id(lease.task_id)
     if proofs is None:
-        proofs = check_proofs([(entry, policy)], [list(hiddens)], acceptance)[0]
+        proofs = check_proofs([work], [recs], acceptance)[0]
     temperature = lease.sampling.temperature
     # The whole group's positions in one head, one noise gather and one softmax: per-completion
     # calls cost more in dispatch than in arithmetic at these sizes.
@@ -155,12 +191,11 @@ def measure_group(
     tokens = torch.as_tensor(
         [t for c in sub.completions for t in c.token_ids], dtype=torch.long, device=lm.device
     )
-    logits = lm.head_logits(torch.cat([h.to(lm.device) for h in hiddens]))
+    logits = lm.head_logits(torch.cat([r.reference for r in recs]).to(lm.device))
     rows = [(lease.seed, i, k) for i, n in enumerate(lengths) for k in range(n)]
-    gaps = row_gaps(logits, tokens, temperature, rows)
+    gaps = row_gaps(logits, tokens, temperature, rows).cpu()
     logprobs = token_logprobs(logits, tokens, temperature).cpu()
-    bad = (gaps > acceptance.replay_tolerance).cpu()
-    gaps = gaps.cpu()
+    bad = gaps >= acceptance.replay_gap.reject_from
     out = []
     at = 0
     for c, proof, n in zip(sub.completions, proofs, lengths, strict=True):
@@ -181,42 +216,50 @@ def measure_group(
                 logprobs=logprobs[mine].tolist(),
             )
         )
-    return out
+    worker_err = pooled_mant_err_mean(list(proofs))
+    noise_err = pooled_chunk_err(st for r in recs for st in compare_hidden(r.reference, r.declared))
+    return GroupEvidence(
+        completions=out,
+        worker_err=worker_err,
+        noise_err=noise_err,
+        weight_ratio=worker_err / max(noise_err, acceptance.noise_floor_ulp),
+    )
+
+
+Outcome = Literal["accept", "suspect", "reject"]
+
+
+@dataclass
+class Judgement:
+    """What the evidence says about one group. `refusal` is why it is rejected, or for a
+    suspect why it would be; `completions` is what the trainer gets if it is accepted."""
+
+    outcome: Outcome
+    evidence: GroupEvidence | None = None
+    refusal: Refusal | None = None
+    completions: list[VerifiedCompletion] = field(default_factory=list)
+    second_opinion: Refusal | None = None
+    """For a suspect that was rechecked and failed: why."""
+    rechecked: bool = False
 
 
 def judge_group(
-    entry: SubmittedRollout,
-    policy: LoadedPolicy,
-    evidence: Sequence[CompletionEvidence],
-    acceptance: Acceptance,
-    reward_tolerance: float,
-) -> list[VerifiedCompletion]:
-    """Proofs (each chunk, then the group pooled), sampling replay, termination and reward of
-    every completion, in that order."""
+    work: Work, evidence: GroupEvidence, acceptance: Acceptance, reward_tolerance: float
+) -> Judgement:
+    """Exact checks first (a gross proof failure, termination, reward: rejected outright), then
+    the two noisy statistics against their bands: the weight ratio and the replay gap."""
+    entry, policy = work.entry, work.policy
     sub, lease = entry.submission, entry.lease
-    for i, ev in enumerate(evidence):
+    for i, ev in enumerate(evidence.completions):
         if not ev.proof.ok:
-            raise Refusal("bad_proof", f"completion {i}: {ev.proof.reason}")
-    pooled = pooled_mant_err_mean([ev.proof for ev in evidence])
-    if not pooled <= acceptance.max_group_mant_err_mean:
-        raise Refusal(
-            "bad_proof",
-            f"group mantissa error {pooled:.3f} ulp > {acceptance.max_group_mant_err_mean} at "
-            f"{sub.precision}: not the claimed weights",
-        )
+            return _rejected(evidence, "bad_proof", f"completion {i}: {ev.proof.reason}")
     out: list[VerifiedCompletion] = []
-    for i, (c, ev) in enumerate(zip(sub.completions, evidence, strict=True)):
-        if ev.first_bad_position is not None:
-            raise Refusal(
-                "sampling_mismatch",
-                f"completion {i}: token {ev.first_bad_position} is not the seeded choice "
-                f"(trails it by up to {ev.max_replay_gap:.3f}, tolerance "
-                f"{acceptance.replay_tolerance})",
-            )
+    for i, (c, ev) in enumerate(zip(sub.completions, evidence.completions, strict=True)):
         if not termination_ok(
             c.token_ids, c.finish_reason, policy.lm.eos_ids, lease.sampling.max_new_tokens
         ):
-            raise Refusal(
+            return _rejected(
+                evidence,
                 "bad_termination",
                 f"completion {i} ({c.finish_reason}) does not stop at its first EOS or at "
                 f"max_new_tokens={lease.sampling.max_new_tokens}",
@@ -224,7 +267,9 @@ def judge_group(
         # The worker claims the task score only: the length part needs no pool settings.
         claimed, task = c.claimed_reward, ev.reward.task
         if claimed is not None and abs(claimed - task) > reward_tolerance:
-            raise Refusal("reward_mismatch", f"completion {i} claims {claimed}, scores {task}")
+            return _rejected(
+                evidence, "reward_mismatch", f"completion {i} claims {claimed}, scores {task}"
+            )
         out.append(
             VerifiedCompletion(
                 token_ids=c.token_ids,
@@ -235,21 +280,178 @@ def judge_group(
                 length_reward=ev.reward.length,
             )
         )
-    return out
+    ratio, gap = evidence.weight_ratio, evidence.max_replay_gap
+    weights = acceptance.weight_ratio.outcome(ratio)
+    sampling = acceptance.replay_gap.outcome(gap)
+    weights_why = Refusal(
+        "bad_proof",
+        f"weight ratio {ratio:.3f} (proof error {evidence.worker_err:.3f} ulp against the fp32 "
+        f"reference, honest {sub.precision} noise {evidence.noise_err:.3f}); accepted up to "
+        f"{acceptance.weight_ratio.accept_at_most}, rejected from "
+        f"{acceptance.weight_ratio.reject_from}: not the claimed weights",
+    )
+    worst = max(evidence.completions, key=lambda ev: ev.max_replay_gap)
+    at = evidence.completions.index(worst)
+    sampling_why = Refusal(
+        "sampling_mismatch",
+        f"completion {at}: a token trails the seeded choice by {gap:.3f} (accepted up to "
+        f"{acceptance.replay_gap.accept_at_most}, rejected from "
+        f"{acceptance.replay_gap.reject_from}"
+        + (
+            f", first at token {worst.first_bad_position})"
+            if worst.first_bad_position is not None
+            else ")"
+        ),
+    )
+    for outcome in ("reject", "suspect"):
+        if weights == outcome:
+            return Judgement(outcome, evidence, weights_why, out)
+        if sampling == outcome:
+            return Judgement(outcome, evidence, sampling_why, out)
+    return Judgement("accept", evidence, None, out)
 
 
-def check_completions(
-    entry: SubmittedRollout,
-    policy: LoadedPolicy,
-    hiddens: Sequence[torch.Tensor],
+def _rejected(evidence: GroupEvidence, reason: str, detail: str) -> Judgement:
+    return Judgement("reject", evidence, Refusal(reason, detail))  # type: ignore[arg-type]
+
+
+@torch.no_grad()
+def second_opinion(
+    work: Work, recs: Sequence[Recomputed], acceptance: Acceptance
+) -> Refusal | None:
+    """The recheck of a suspect, the way the worker declared it computed: its proofs against the
+    validator's prefill in the declared precision, and the replay against a KV-cached decode of
+    its tokens in that precision. On the worker's device class honest work agrees almost
+    exactly; None when it passes."""
+    entry, policy = work.entry, work.policy
+    sub, lease = entry.submission, entry.lease
+    limits = acceptance.recheck
+    contexts = group_contexts(
+        policy.model_hash, lease.lease_id, [c.token_ids for c in sub.completions]
+    )
+    proofs = verify_proofs_batch(
+        [r.declared for r in recs], [c.proof for c in sub.completions], contexts, acceptance.gross
+    )
+    err = pooled_mant_err_mean(proofs)
+    if not err <= limits.max_group_mant_err:
+        return Refusal(
+            "bad_proof",
+            f"recheck in {sub.precision}: proof error {err:.3f} ulp > {limits.max_group_mant_err}",
+        )
+    logits = decode_logits(
+        policy.lm, sub.prompt_token_ids, [c.token_ids for c in sub.completions], sub.precision
+    )
+    for i, (c, lg) in enumerate(zip(sub.completions, logits, strict=True)):
+        gaps = replay_gaps(lg, c.token_ids, lease.sampling.temperature, lease.seed, i)
+        worst = float(gaps.max())
+        if not worst <= limits.max_replay_gap:
+            return Refusal(
+                "sampling_mismatch",
+                f"recheck with a {sub.precision} decode: completion {i} trails the seeded "
+                f"choice by {worst:.3f} > {limits.max_replay_gap}",
+            )
+    return None
+
+
+# --------------------------------------------------------------------------- a batch
+Verdicts = list[Judgement]
+
+
+def verify_batch(
+    works: Sequence[Work],
     reward_tolerance: float = 1e-6,
-    acceptance: Acceptance | None = None,
     length: LengthReward | None = None,
-    proofs: Sequence[VerifyResult] | None = None,
-) -> list[VerifiedCompletion]:
-    """Measure and judge a group against the limits calibrated for its prover engine."""
-    acceptance = acceptance or acceptance_for(entry.submission.backend)
-    if acceptance is None:
-        raise Refusal("malformed", f"no calibrated limits for backend {entry.submission.backend!r}")
-    evidence = measure_group(entry, policy, hiddens, acceptance, length, proofs)
-    return judge_group(entry, policy, evidence, acceptance, reward_tolerance)
+    recheck: bool = True,
+) -> Verdicts:
+    """Judge every submission of a batch, in order; never raises for a submission's sake.
+
+    One recomputation per (policy version, precision) for the whole batch, one TOPLOC check per
+    prover engine's limits; anything that fails batched is retried one group at a time, and a
+    group that still makes the validator fail is refused as malformed rather than sinking the
+    batch. Suspects get `second_opinion` when `recheck`.
+    """
+    out: list[Judgement | None] = [None] * len(works)
+    batches: dict[tuple[int, str], list[int]] = {}
+    for i, work in enumerate(works):
+        acceptance = acceptance_for(work.entry.submission.backend)
+        if acceptance is None:
+            refusal = Refusal(
+                "malformed", f"no calibrated limits for backend {work.entry.submission.backend!r}"
+            )
+            out[i] = Judgement("reject", refusal=refusal)
+            continue
+        key = (work.policy.version, work.entry.submission.precision)
+        batches.setdefault(key, []).append(i)
+    for (_, precision), idx in batches.items():
+        group = [works[i] for i in idx]
+        try:
+            flat = recompute(group[0].policy.lm, [q for w in group for q in w.pairs()], precision)
+            recs: list[list[Recomputed] | None] = []
+            at = 0
+            for w in group:
+                n = len(w.entry.submission.completions)
+                recs.append(flat[at : at + n])
+                at += n
+        except Exception:  # noqa: BLE001 - one bad group must not sink the batch
+            recs = [None] * len(group)
+        proofs: list[list[VerifyResult] | None] = [None] * len(group)
+        ready = [j for j, r in enumerate(recs) if r is not None]
+        try:
+            checked = check_proofs(
+                [group[j] for j in ready],
+                [recs[j] for j in ready],  # type: ignore[misc]
+                acceptance_for(group[0].entry.submission.backend),  # type: ignore[arg-type]
+            )
+            for j, res in zip(ready, checked, strict=True):
+                proofs[j] = res
+        except Exception:  # noqa: BLE001 - checked group by group below
+            pass
+        for j, (i, work) in enumerate(zip(idx, group, strict=True)):
+            out[i] = judge_one(work, recs[j], proofs[j], reward_tolerance, length, recheck)
+    return [j for j in out if j is not None]
+
+
+def judge_one(
+    work: Work,
+    recs: Sequence[Recomputed] | None,
+    proofs: Sequence[VerifyResult] | None,
+    reward_tolerance: float,
+    length: LengthReward | None,
+    recheck: bool,
+) -> Judgement:
+    """One group's verdict, recomputing what the batch could not; a validator failure on a
+    submission's input is that submission's `malformed` refusal."""
+    acceptance = acceptance_for(work.entry.submission.backend)
+    assert acceptance is not None
+    try:
+        if recs is None:
+            recs = recompute(work.policy.lm, work.pairs(), work.entry.submission.precision)
+        evidence = measure_group(work, recs, acceptance, length, proofs)
+        judgement = judge_group(work, evidence, acceptance, reward_tolerance)
+        if judgement.outcome == "suspect" and recheck:
+            judgement.rechecked = True
+            judgement.second_opinion = second_opinion(work, recs, acceptance)
+        return judgement
+    except Refusal as rej:
+        return Judgement("reject", refusal=rej)
+    except Exception as exc:  # noqa: BLE001 - a malformed submission never crashes the validator
+        return Judgement(
+            "reject", refusal=Refusal("malformed", f"{type(exc).__name__}: {exc}"[:300])
+        )
+
+
+Settled = Literal["accept", "reject", "held"]
+
+
+def settle(judgement: Judgement, same_device_class: bool) -> Settled:
+    """The verdict a service acts on. A suspect is accepted when the second opinion clears it;
+    rejected (and slashed) only when that opinion, recomputed on the worker's declared device
+    class, also fails it; otherwise held: neither trained on nor slashed, for a validator of
+    that class to settle."""
+    if judgement.outcome != "suspect":
+        return judgement.outcome
+    if judgement.rechecked and judgement.second_opinion is None:
+        return "accept"
+    if judgement.rechecked and same_device_class:
+        return "reject"
+    return "held"

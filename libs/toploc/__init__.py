@@ -14,10 +14,11 @@ from .proof import (
     TOPK,
     build_proof,
     build_proofs_batch,
+    compare_hidden,
     verify_proof,
     verify_proofs_batch,
 )
-from .verdict import ChunkStats, Thresholds, VerifyResult, pooled_mant_err_mean
+from .verdict import ChunkStats, Thresholds, VerifyResult, pooled_chunk_err, pooled_mant_err_mean
 
 __all__ = [
     "CHUNK_SIZE",
@@ -31,7 +32,9 @@ __all__ = [
     "VerifyResult",
     "build_proof",
     "build_proofs_batch",
+    "compare_hidden",
     "verify_proof",
+    "pooled_chunk_err",
     "pooled_mant_err_mean",
     "verify_proofs_batch",
 ]

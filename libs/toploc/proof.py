@@ -15,7 +15,7 @@ import torch
 
 from . import gf
 from .batching import Run, Slab, runs_for, slabs
-from .bits import ChunkLayout, select_topk
+from .bits import ChunkLayout, canonical, select_topk
 from .codec import ChunkRun, Header, ProofFormatError, decode, encode
 from .context import DIGEST_BYTES, ProofContext, chunk_keys, key_base, value_mask
 from .verdict import ChunkStats, Thresholds, VerifyResult, compare_rows
@@ -254,3 +254,25 @@ def verify_proof(
 ) -> VerifyResult:
     """Check one proof against the validator's recomputed hidden states ``[tokens, hidden]``."""
     return verify_proofs_batch([hidden], [proof], [context], thresholds, chunk_size, topk)[0]
+
+
+def compare_hidden(
+    reference: torch.Tensor,
+    other: torch.Tensor,
+    chunk_size: int = CHUNK_SIZE,
+    topk: int = TOPK,
+) -> list[ChunkStats]:
+    """Chunk statistics of `other` against `reference` ([tokens, hidden] each) at the points a
+    proof of `reference` would commit to: the same numbers `verify_proof` reports for a proof of
+    `other`, without building one. The validator measures its own honest noise with it."""
+    ref, oth = _as_bf16(reference), _as_bf16(other)
+    if ref.shape != oth.shape:
+        raise ValueError(f"shapes differ: {tuple(ref.shape)} and {tuple(oth.shape)}")
+    _check_params(chunk_size, topk)
+    layout = ChunkLayout(ref.shape[0], ref.shape[1], chunk_size, topk)
+    out: list[ChunkStats] = []
+    for run, other_run in zip(runs_for(0, ref, layout), runs_for(0, oth, layout), strict=True):
+        idx, mine = select_topk(run.rows, run.k)
+        theirs = torch.gather(other_run.rows.view(torch.int16), 1, torch.from_numpy(idx))
+        out.extend(compare_rows(mine, canonical(theirs.numpy().astype(np.int64) & 0xFFFF)))
+    return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -92,6 +93,19 @@ class VerifyResult:
         return sum(c.n_points for c in self.chunks)
 
 
+def pooled_chunk_err(chunks: Iterable[ChunkStats]) -> float:
+    """Mean |mantissa difference| (ulps) over every compared point of `chunks`; inf when a chunk
+    compared no point at all."""
+    total = weight = 0.0
+    for st in chunks:
+        compared = st.n_points - st.exp_mismatches - st.sign_mismatches
+        if compared <= 0 or not math.isfinite(st.mant_err_mean):
+            return math.inf
+        total += st.mant_err_mean * compared
+        weight += compared
+    return total / weight if weight else math.inf
+
+
 def pooled_mant_err_mean(results: list[VerifyResult]) -> float:
     """Mean |mantissa difference| over every compared point of several proofs (a group's).
 
@@ -99,14 +113,7 @@ def pooled_mant_err_mean(results: list[VerifyResult]) -> float:
     neighbouring weights move almost every point by a fraction of an ulp) where a per-chunk
     limit must leave room for one unlucky chunk. inf when a chunk compared no point at all.
     """
-    total = weight = 0.0
-    for st in (st for r in results for st in r.chunks):
-        compared = st.n_points - st.exp_mismatches - st.sign_mismatches
-        if compared <= 0 or not math.isfinite(st.mant_err_mean):
-            return math.inf
-        total += st.mant_err_mean * compared
-        weight += compared
-    return total / weight if weight else math.inf
+    return pooled_chunk_err(st for r in results for st in r.chunks)
 
 
 def compare_rows(mine: np.ndarray, theirs: np.ndarray) -> list[ChunkStats]:

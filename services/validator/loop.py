@@ -7,20 +7,19 @@ import socket
 import threading
 import time
 from collections import defaultdict
-from itertools import accumulate
+from dataclasses import dataclass
 
 import torch
 from eth_account.signers.local import LocalAccount
 
 from prime_swarm.libs.chain.anchor import trusted_trainer
 from prime_swarm.libs.chain.client import LedgerClient
-from prime_swarm.libs.policy.store import LoadedPolicy, PolicyError, PolicyStore
+from prime_swarm.libs.model.hardware import device_class
+from prime_swarm.libs.policy.store import PolicyError, PolicyStore
 from prime_swarm.libs.rollout import verify
 from prime_swarm.libs.rollout.admission import Refusal, check_admission
-from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.streams.connection import connect
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
-from prime_swarm.libs.toploc import VerifyResult
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
     PolicyAnnouncement,
@@ -36,9 +35,23 @@ from .settings import ValidatorSettings
 
 log = logging.getLogger("validator")
 
-# Staleness at validation time can be the queue's fault, not the worker's: refused, not slashed.
-NOT_SLASHED = {"stale_policy"}
+# Staleness at validation time can be the queue's fault, not the worker's; held work awaits a
+# second opinion: refused for now, never slashed.
+NOT_SLASHED = {"stale_policy", "held_for_recheck"}
 SEEN_TTL_S = 7 * 24 * 3600
+
+
+@dataclass
+class Decided:
+    """One submission's verdict, with the rollout the trainer gets when it was accepted."""
+
+    entry_id: str
+    msg: SubmittedRollout
+    verdict: Verdict
+    verified: VerifiedRollout | None = None
+
+    def fields(self) -> tuple[str, SubmittedRollout, Verdict, VerifiedRollout | None]:
+        return self.entry_id, self.msg, self.verdict, self.verified
 
 
 def default_consumer(address: str) -> str:
@@ -85,6 +98,7 @@ class Validator:
             device=settings.device,
         )
         self.counts: dict[str, int] = defaultdict(int)
+        self.device_class = device_class(settings.device)
 
     def current_version(self) -> int:
         entries = self.r.xrevrange(streams.POLICY_ANNOUNCEMENTS, count=1)
@@ -102,11 +116,8 @@ class Validator:
     def validate_batch(self, entries: list[Entry[SubmittedRollout]]) -> None:
         started = time.monotonic()
         current = self.current_version()
-        verdicts: list[tuple[str, SubmittedRollout, Verdict, VerifiedRollout | None]] = []
-        # Grouped by (policy version, declared precision): one prefill per group.
-        survivors: dict[tuple[int, str], list[tuple[str, SubmittedRollout, LoadedPolicy]]] = (
-            defaultdict(list)
-        )
+        verdicts: list[Decided] = []
+        works: list[tuple[str, verify.Work]] = []
         undecodable: list[str] = []
         unavailable: set[int] = set()  # versions that failed to fetch: tried once per batch
         for e in entries:
@@ -137,85 +148,55 @@ class Validator:
                 verify.check_prompt(msg, policy.lm)
                 verify.check_shapes(msg, policy.lm)
             except Refusal as rej:
-                verdicts.append((e.entry_id, msg, self._verdict(msg, rej), None))
+                verdicts.append(Decided(e.entry_id, msg, self._verdict(msg, rej)))
                 continue
-            survivors[(policy.version, msg.submission.precision)].append((e.entry_id, msg, policy))
+            works.append((e.entry_id, verify.Work(msg, policy)))
 
-        for (_, precision), items in survivors.items():
-            # One padded prefill per policy version for the whole batch: the expensive part.
-            policy = items[0][2]
-            pairs = [
-                [(m.submission.prompt_token_ids, c.token_ids) for c in m.submission.completions]
-                for _, m, _ in items
-            ]
+        if works:
             t0 = time.monotonic()
-            try:
-                outputs = verify.prefill_hidden(policy.lm, [q for g in pairs for q in g], precision)
-                # Each group's own rows of that one prefill.
-                ends = list(accumulate(len(g) for g in pairs))
-                hiddens: list[list[torch.Tensor] | None] = [
-                    outputs[end - len(g) : end] for g, end in zip(pairs, ends, strict=True)
-                ]
-            except Exception:  # never let one submission sink the batch: retry one by one
-                log.exception("batched prefill failed; falling back to one at a time")
-                hiddens = [None] * len(items)
+            judged = verify.verify_batch(
+                [w for _, w in works], self.s.reward_tolerance, self.s.recipe.length_reward
+            )
             metrics.PREFILL_SECONDS.observe(time.monotonic() - t0)
-            try:
-                proofs = self._check_proofs(items, hiddens)
-            except Exception:  # as with the prefill: never let one group sink the batch
-                log.exception("batched proof check failed; checking group by group")
-                proofs = {}
-            for (entry_id, msg, _), group, mine in zip(items, pairs, hiddens, strict=True):
-                try:
-                    if mine is None:
-                        mine = verify.prefill_hidden(policy.lm, group, precision)
-                    completions = verify.check_completions(
-                        msg,
-                        policy,
-                        mine,
-                        self.s.reward_tolerance,
-                        length=self.s.recipe.length_reward,
-                        proofs=proofs.get(entry_id),
-                    )
-                except Refusal as rej:
-                    verdicts.append((entry_id, msg, self._verdict(msg, rej), None))
-                    continue
-                except Exception as exc:  # a malformed submission never crashes the validator
-                    log.exception("check failed unexpectedly")
-                    rej = Refusal("malformed", f"{type(exc).__name__}: {exc}"[:300])
-                    verdicts.append((entry_id, msg, self._verdict(msg, rej), None))
-                    continue
-                verdict = self._verdict(msg, None, completions)
-                verdicts.append((entry_id, msg, verdict, self._verified(msg, verdict, completions)))
+            for (entry_id, work), judgement in zip(works, judged, strict=True):
+                verdicts.append(self._decide(entry_id, work.entry, judgement))
         self._commit(verdicts, undecodable)
         metrics.LATENCY.observe(time.monotonic() - started)
-        versions = [m.submission.policy_version for _, m, _, _ in verdicts]
+        versions = [d.msg.submission.policy_version for d in verdicts]
         if versions and current >= 0:
             metrics.VERSION_LAG.set(current - sum(versions) / len(versions))
 
-    @staticmethod
-    def _check_proofs(
-        items: list[tuple[str, SubmittedRollout, LoadedPolicy]],
-        hiddens: list[list[torch.Tensor] | None],
-    ) -> dict[str, list[VerifyResult]]:
-        """Every prefilled group's TOPLOC check in one batch per prover engine's limits, by
-        entry id; a group left out is checked on its own by `check_completions`."""
-        by_backend: dict[str, list[tuple[str, SubmittedRollout, LoadedPolicy, list]]] = defaultdict(
-            list
-        )
-        for (entry_id, msg, policy), mine in zip(items, hiddens, strict=True):
-            if mine is not None:
-                by_backend[msg.submission.backend].append((entry_id, msg, policy, mine))
-        checked: dict[str, list[VerifyResult]] = {}
-        for backend, group in by_backend.items():
-            acceptance = acceptance_for(backend)
-            if acceptance is None:
-                continue  # check_completions refuses it with the reason
-            results = verify.check_proofs(
-                [(msg, policy) for _, msg, policy, _ in group], [h for *_, h in group], acceptance
+    def _decide(self, entry_id: str, msg: SubmittedRollout, j: verify.Judgement) -> Decided:
+        """The settled verdict: a suspect's second opinion decides, and only a second opinion
+        recomputed on the worker's declared device class may slash."""
+        final = verify.settle(j, msg.submission.device_class == self.device_class)
+        if j.outcome == "suspect":
+            metrics.SUSPECTS.labels(final).inc()
+            log.info(
+                "suspect",
+                extra={
+                    "fields": {
+                        "worker": msg.submission.worker,
+                        "settled": final,
+                        "first": j.refusal.detail if j.refusal else "",
+                        "second": j.second_opinion.detail if j.second_opinion else "cleared",
+                    }
+                },
             )
-            checked.update(zip([e for e, *_ in group], results, strict=True))
-        return checked
+        if final == "accept":
+            verdict = self._verdict(msg, None, j.completions)
+            return Decided(entry_id, msg, verdict, self._verified(msg, verdict, j.completions))
+        if final == "held":
+            second = j.second_opinion.detail if j.second_opinion else "not rechecked"
+            detail = (
+                f"suspect ({j.refusal.detail if j.refusal else ''}); the second opinion on "
+                f"{self.device_class} ({second}) cannot settle work from "
+                f"{msg.submission.device_class}: held for a validator of that class"
+            )
+            return Decided(entry_id, msg, self._verdict(msg, Refusal("held_for_recheck", detail)))
+        assert j.refusal is not None
+        rej = j.second_opinion or j.refusal
+        return Decided(entry_id, msg, self._verdict(msg, rej))
 
     def _verdict(
         self,
@@ -251,16 +232,12 @@ class Validator:
             submitted_at=msg.received_at,
         )
 
-    def _commit(
-        self,
-        verdicts: list[tuple[str, SubmittedRollout, Verdict, VerifiedRollout | None]],
-        undecodable: list[str],
-    ) -> None:
+    def _commit(self, verdicts: list[Decided], undecodable: list[str]) -> None:
         """Verdicts, chain actions, per-worker counters and ACKs in one Redis transaction: all
         or nothing."""
         pipe = self.r.pipeline(transaction=True)
         now = time.time()
-        for entry_id, msg, verdict, verified in verdicts:
+        for entry_id, msg, verdict, verified in (d.fields() for d in verdicts):
             work_id = msg.lease.work_id
             if verified is not None:
                 pipe.xadd(streams.ROLLOUTS_VERIFIED, streams.encode(verified))

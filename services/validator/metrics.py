@@ -14,11 +14,18 @@ CHAIN_ERRORS = Counter("validator_chain_errors_total", "Failed chain flushes")
 VERSION_LAG = Gauge("validator_policy_lag", "Latest version minus the last batch's mean version")
 PREFILL_SECONDS = Histogram(
     "validator_prefill_seconds",
-    "Seconds of one batched prefill (one policy version)",
+    "Seconds to recompute and judge one batch (the fp32 and declared-precision prefills, "
+    "proof checks, second opinions)",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
 )
 UNDECODABLE = Counter("validator_undecodable_total", "Submissions that could not be decoded")
 DEFERRED = Counter(
     "validator_deferred_total",
     "Submissions left pending because their policy version could not be fetched or loaded",
+)
+SUSPECTS = Counter(
+    "validator_suspects_total",
+    "Groups between the accept and reject bands, by how the second opinion settled them "
+    "(accept, reject, held for a validator of the worker's device class)",
+    ["settled"],
 )

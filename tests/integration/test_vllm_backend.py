@@ -34,21 +34,21 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_sampling_is_the_pools_seeded_rule(probe: dict) -> None:
     assert probe["completions"] == 12
     assert probe["batch_invariant"]
-    assert probe["finish_reasons_ok"] and probe["hidden_shapes_ok"]
+    assert probe["finish_reasons_ok"] and probe["logprobs_ok"]
     # Two engines, one rule: near-ties aside, the same seeds choose the same tokens.
     assert probe["same_tokens_as_hf"] >= 10
-    tolerance = acceptance_for("vllm").replay_tolerance
+    tolerance = acceptance_for("vllm").recheck.max_replay_gap
     assert probe["replay_gap_max"] <= tolerance
 
 
 def test_proofs_match_the_validators_recomputation(probe: dict) -> None:
-    assert probe["max_hidden_diff_vs_prefill"] <= 0.02
-    assert probe["pooled_err"] <= acceptance_for("vllm").max_group_mant_err_mean
+    assert probe["max_logprob_diff_vs_prefill"] <= 0.1
+    assert probe["pooled_err"] <= acceptance_for("vllm").recheck.max_group_mant_err
 
 
 def test_new_weights_load_in_place(probe: dict) -> None:
     assert probe["reloaded_differs"]
-    assert probe["b_replay_gap_max"] <= acceptance_for("vllm").replay_tolerance
+    assert probe["b_replay_gap_max"] <= acceptance_for("vllm").recheck.max_replay_gap
     # Tokens of the reloaded policy are not the old policy's choices.
     assert probe["a_vs_b_replay_gap_max"] > 0.3
 

@@ -9,11 +9,14 @@ from pathlib import Path
 
 
 def main(tmp: Path) -> dict:
+    import torch
+
     from prime_swarm.libs.model.build import build_tiny_model
     from prime_swarm.libs.model.hf_backend import HFBackend
     from prime_swarm.libs.model.io import load_pretrained
     from prime_swarm.libs.model.vllm_backend import _CHOICES, VLLMBackend, VLLMBackendError
-    from prime_swarm.libs.rollout.verify import prefill_hidden
+    from prime_swarm.libs.rl.logprobs import token_logprobs
+    from prime_swarm.libs.rollout.recompute import prefill_hidden
 
     a = load_pretrained(build_tiny_model(0, tmp / "a"))
     b = load_pretrained(build_tiny_model(1, tmp / "b"))
@@ -40,13 +43,22 @@ def main(tmp: Path) -> dict:
     out["finish_reasons_ok"] = all(
         (c.finish_reason == "eos") == (c.token_ids[-1] in a.eos_ids) for c in flat
     )
-    out["hidden_shapes_ok"] = all(
-        tuple(c.hidden.shape) == (len(c.token_ids), a.hidden_size) for c in flat
+    out["logprobs_ok"] = all(
+        len(c.logprobs) == len(c.token_ids) and all(lp <= 0.0 for lp in c.logprobs) for c in flat
     )
-    # The proof's hidden states are the validator's recomputation: a fresh prefill agrees.
+    # vLLM's own log-probs (its processor's, over vLLM's logits) against the log-probs of the
+    # proof prefill's states under the pool's fp32 head.
     again = prefill_hidden(a, [(prompts[0], c.token_ids) for c in together[0]], "bf16")
-    out["max_hidden_diff_vs_prefill"] = max(
-        float((x.hidden.float() - y.float()).abs().max())
+    head = a.cast("bf16")
+    out["max_logprob_diff_vs_prefill"] = max(
+        float(
+            (
+                torch.tensor(x.logprobs)
+                - token_logprobs(head.head_logits(y), torch.tensor(x.token_ids), 1.0)
+            )
+            .abs()
+            .max()
+        )
         for x, y in zip(together[0], again, strict=True)
     )
     # The seeded choice reproduces against the validator's logits (replay gaps) and proofs pass.
@@ -75,7 +87,8 @@ def main(tmp: Path) -> dict:
 
 def _judge(lm, prompts, seeds, groups, kw) -> tuple[float, float]:  # noqa: ANN001
     from prime_swarm.libs.rollout.calibration import acceptance_for
-    from prime_swarm.libs.rollout.verify import prefill_hidden, replay_gaps
+    from prime_swarm.libs.rollout.recompute import prefill_hidden
+    from prime_swarm.libs.rollout.verify import replay_gaps
     from prime_swarm.libs.toploc import (
         build_proofs_batch,
         group_contexts,
@@ -92,8 +105,9 @@ def _judge(lm, prompts, seeds, groups, kw) -> tuple[float, float]:  # noqa: ANN0
             gaps = replay_gaps(head.head_logits(h), c.token_ids, kw["temperature"], s, j)
             gap = max(gap, float(gaps.max()))
         ctx = group_contexts("ab" * 32, f"lease-{s}", [c.token_ids for c in g])
-        proofs = build_proofs_batch([c.hidden for c in g], ctx)
-        res = verify_proofs_batch(hid, proofs, ctx, acc.thresholds)
+        # The worker proves over its own proof prefill (libs/rollout/answer.py).
+        proofs = build_proofs_batch(prefill_hidden(lm, [(p, c.token_ids) for c in g], "bf16"), ctx)
+        res = verify_proofs_batch(hid, proofs, ctx, acc.gross)
         pooled = max(pooled, pooled_mant_err_mean(res))
     return gap, pooled
 

