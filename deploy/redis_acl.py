@@ -166,6 +166,9 @@ VALIDATOR = Role(
         ),
         Grant(keys=(streams.ROLLOUTS_SUBMITTED,), commands=GROUP_READER),
         Grant(keys=(streams.ROLLOUTS_VERIFIED, streams.ROLLOUTS_REJECTED), commands=("xadd",)),
+        # Held suspects: written by the validator that could not settle them, read by the
+        # validators of the worker's device class (one consumer group per class).
+        Grant(keys=(streams.ROLLOUTS_HELD,), commands=(*GROUP_READER, "xadd")),
         Grant(keys=(streams.POLICY_ANNOUNCEMENTS,), commands=("xrevrange",), read_only=True),
     ),
 )

@@ -21,6 +21,10 @@ from .messages import (
 ROLLOUTS_SUBMITTED = "rollouts:submitted"
 ROLLOUTS_VERIFIED = "rollouts:verified"
 ROLLOUTS_REJECTED = "rollouts:rejected"
+# Suspects whose second opinion could not be recomputed on the worker's declared device class:
+# held, neither trained on nor slashed, until a validator of that class settles them. Each class
+# reads the stream through its own consumer group, `held_group(device_class)`.
+ROLLOUTS_HELD = "rollouts:held"
 POLICY_ANNOUNCEMENTS = "policy:announcements"
 # One entry per trainer step (its `StepProgress`), capped: what the status page plots. Nobody
 # consumes it as a group; readers take the newest entries with XREVRANGE.
@@ -30,11 +34,18 @@ TRAINER_PROGRESS_MAXLEN = 1_000
 VALIDATOR_GROUP = "validators"
 TRAINER_GROUP = "trainer"
 
+
+def held_group(device_class: str) -> str:
+    """The consumer group through which validators of `device_class` read held suspects."""
+    return f"held-{device_class}"
+
+
 # Which model each stream carries; consumers decode with this, never with a guess.
 STREAM_MODELS: dict[str, type[BaseModel]] = {
     ROLLOUTS_SUBMITTED: SubmittedRollout,
     ROLLOUTS_VERIFIED: VerifiedRollout,
     ROLLOUTS_REJECTED: Verdict,
+    ROLLOUTS_HELD: SubmittedRollout,
     POLICY_ANNOUNCEMENTS: PolicyAnnouncement,
     TRAINER_PROGRESS: StepProgress,
 }

@@ -83,7 +83,8 @@ class GroupReader(Generic[M]):
         res = self.r.xreadgroup(self.group, self.consumer, {self.stream: "0"}, count=count)
         return self._decode(res[0][1]) if res else []
 
-    def read(self, count: int, block_ms: int) -> list[Entry[M]]:
+    def read(self, count: int, block_ms: int | None) -> list[Entry[M]]:
+        """Reclaimed entries, else new ones (waiting up to `block_ms`; None: not at all)."""
         reclaimed = self.reclaim(count)
         if reclaimed:
             return reclaimed

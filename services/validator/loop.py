@@ -17,7 +17,7 @@ from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.policy.store import PolicyError, PolicyStore
 from prime_swarm.libs.rollout import verify
-from prime_swarm.libs.rollout.admission import Refusal, check_admission
+from prime_swarm.libs.rollout.admission import Refusal, check_admission, check_answers_lease
 from prime_swarm.libs.streams.connection import connect
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
 from prime_swarm.protocol import streams
@@ -99,6 +99,15 @@ class Validator:
         )
         self.counts: dict[str, int] = defaultdict(int)
         self.device_class = device_class(settings.device)
+        # Suspects other validators held for this device class: settled here.
+        self.held_reader = GroupReader(
+            self.r,
+            streams.ROLLOUTS_HELD,
+            streams.held_group(self.device_class),
+            settings.consumer or default_consumer(account.address),
+            SubmittedRollout,
+            min_idle_ms=settings.reclaim_idle_ms,
+        )
 
     def current_version(self) -> int:
         entries = self.r.xrevrange(streams.POLICY_ANNOUNCEMENTS, count=1)
@@ -113,24 +122,34 @@ class Validator:
         # The same submission reclaimed after a crash is not a duplicate of itself.
         return (held.decode() if isinstance(held, bytes) else held) == entry.submission_id
 
-    def validate_batch(self, entries: list[Entry[SubmittedRollout]]) -> None:
+    def validate_batch(self, entries: list[Entry[SubmittedRollout]], held: bool = False) -> None:
+        """Judge a batch read from `rollouts:submitted`, or (`held`) held suspects of this
+        validator's device class: those were admitted and first seen before, so only their lease
+        match is checked again (their reward must not be lost to the wait), and other classes'
+        entries are passed over."""
         started = time.monotonic()
         current = self.current_version()
         verdicts: list[Decided] = []
         works: list[tuple[str, verify.Work]] = []
-        undecodable: list[str] = []
+        no_verdict: list[str] = []
         unavailable: set[int] = set()  # versions that failed to fetch: tried once per batch
         for e in entries:
             if e.message is None:
                 log.warning("undecodable submission dropped", extra={"fields": {"err": e.error}})
                 metrics.UNDECODABLE.inc()
-                undecodable.append(e.entry_id)
+                no_verdict.append(e.entry_id)
                 continue
             msg = e.message
+            if held and msg.submission.device_class != self.device_class:
+                no_verdict.append(e.entry_id)  # another class's to settle: acknowledged, skipped
+                continue
             try:
-                check_admission(msg.submission, msg.lease, current, self.s.recipe.async_level)
-                if not self._first_sighting(msg):
-                    raise Refusal("duplicate", "identical work was submitted before")
+                if held:
+                    check_answers_lease(msg.submission, msg.lease)
+                else:
+                    check_admission(msg.submission, msg.lease, current, self.s.recipe.async_level)
+                    if not self._first_sighting(msg):
+                        raise Refusal("duplicate", "identical work was submitted before")
                 version = msg.submission.policy_version
                 try:
                     if version in unavailable:
@@ -160,7 +179,8 @@ class Validator:
             metrics.PREFILL_SECONDS.observe(time.monotonic() - t0)
             for (entry_id, work), judgement in zip(works, judged, strict=True):
                 verdicts.append(self._decide(entry_id, work.entry, judgement))
-        self._commit(verdicts, undecodable)
+        source = self.held_reader if held else self.reader
+        self._commit(verdicts, no_verdict, source.stream, source.group)
         metrics.LATENCY.observe(time.monotonic() - started)
         versions = [d.msg.submission.policy_version for d in verdicts]
         if versions and current >= 0:
@@ -232,7 +252,13 @@ class Validator:
             submitted_at=msg.received_at,
         )
 
-    def _commit(self, verdicts: list[Decided], undecodable: list[str]) -> None:
+    def _commit(
+        self,
+        verdicts: list[Decided],
+        no_verdict: list[str],
+        stream: str = streams.ROLLOUTS_SUBMITTED,
+        group: str = streams.VALIDATOR_GROUP,
+    ) -> None:
         """Verdicts, chain actions, per-worker counters and ACKs in one Redis transaction: all
         or nothing."""
         pipe = self.r.pipeline(transaction=True)
@@ -251,7 +277,9 @@ class Validator:
                 )
             if action is not None:
                 pipe.rpush(self.queue.key, action.dumps())
-            pipe.xack(streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, entry_id)
+            if verdict.reason == "held_for_recheck":
+                pipe.xadd(streams.ROLLOUTS_HELD, streams.encode(msg))
+            pipe.xack(stream, group, entry_id)
             stats.count_verdict(pipe, verdict, now)
             label = "accepted" if verdict.accepted else str(verdict.reason)
             self.counts[label] += 1
@@ -267,8 +295,8 @@ class Validator:
                         }
                     },
                 )
-        for entry_id in undecodable:
-            pipe.xack(streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, entry_id)
+        for entry_id in no_verdict:
+            pipe.xack(stream, group, entry_id)
         pipe.execute()
 
     def run_once(self, block_ms: int = 1000, flush: bool = True) -> int:
@@ -277,6 +305,9 @@ class Validator:
         announced = self.current_version()
         if announced >= 0:
             self.store.prefetch(announced, self.s.relays)
+        held = self.held_reader.read(self.s.batch_size, block_ms=None)
+        if held:
+            self.validate_batch(held, held=True)
         entries = self.reader.read(self.s.batch_size, block_ms=block_ms)
         if entries:
             self.validate_batch(entries)

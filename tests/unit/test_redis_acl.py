@@ -131,6 +131,7 @@ def test_only_the_orchestrator_writes_submissions_and_only_the_validator_verdict
         streams.ROLLOUTS_SUBMITTED: {"orchestrator"},
         streams.ROLLOUTS_VERIFIED: {"validator"},
         streams.ROLLOUTS_REJECTED: {"validator"},
+        streams.ROLLOUTS_HELD: {"validator"},
         streams.POLICY_ANNOUNCEMENTS: {"trainer"},
         streams.TRAINER_PROGRESS: {"trainer"},
     }
@@ -140,6 +141,7 @@ def test_only_the_orchestrator_writes_submissions_and_only_the_validator_verdict
     }
     assert consumers[streams.ROLLOUTS_SUBMITTED] == {"validator"}
     assert consumers[streams.ROLLOUTS_VERIFIED] == {"trainer"}
+    assert consumers[streams.ROLLOUTS_HELD] == {"validator"}
 
 
 def test_acl_file_turns_default_off_and_holds_only_hashes() -> None:
