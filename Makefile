@@ -118,6 +118,9 @@ $(TOPLOC_REF)/.installed:
 bench-toploc: setup $(TOPLOC_REF)/.installed
 	$(PY) bench/toploc_bench.py
 	$(PY) bench/toploc/models_bench.py
+	@# vLLM provers and cheaters in a process of their own (vLLM patches torch's thread count away).
+	$(PY) bench/toploc/models_bench.py --provers vllm-bf16 --cheat-engine vllm --merge \
+		--groups 40 --smollm2-groups 20 --trials 3 --smollm2-trials 2
 
 # 100 simulated workers in 4 client processes, every request EIP-191 signed, against one
 # orchestrator process with real redis-server and anvil (ledger deployed, workers staked):

@@ -242,11 +242,36 @@ def new_lease(spec: Spec, rng: random.Random) -> tuple[Lease, list[int]]:
     return lease, spec.prompts(rng)
 
 
+_VLLM: list = []  # one vLLM engine per process, reloaded in place for every model directory
+
+
+def backend(engine: str, precision: str):  # noqa: ANN201
+    if engine == "hf":
+        return HFBackend(precision)
+    if not _VLLM:
+        from prime_swarm.libs.model.vllm_backend import VLLMBackend
+
+        _VLLM.append(VLLMBackend("bf16"))
+    return _VLLM[0]
+
+
+def on_disk(lm: CausalLM, name: str) -> CausalLM:
+    """`lm` saved as a model directory of its own (vLLM loads weights from its directory)."""
+    from prime_swarm.libs.model.io import save_pretrained
+
+    out = save_pretrained(lm, lm.tokenizer, CACHE / "bench-models" / name).resolve()
+    return CausalLM(lm.module, lm.tokenizer, out)
+
+
 def generate(
-    lm: CausalLM, precision: str, leases: list[tuple[Lease, list[int]]], seeds: list[int] | None
+    lm: CausalLM,
+    precision: str,
+    leases: list[tuple[Lease, list[int]]],
+    seeds: list[int] | None,
+    engine: str = "hf",
 ) -> list[list[Generation]]:
     first = leases[0][0]
-    return HFBackend(precision).generate(
+    return backend(engine, precision).generate(
         lm,
         [p for _, p in leases],
         seeds or [lease.seed for lease, _ in leases],
@@ -264,6 +289,7 @@ def submission(
     precision: str,
     device_class: str,
     hiddens: list[torch.Tensor] | None = None,
+    engine: str = "hf",
 ) -> SubmittedRollout:
     ctxs = group_contexts(policy.model_hash, lease.lease_id, [g.token_ids for g in gens])
     if hiddens is None:  # the worker's own proof prefill (libs/rollout/answer.py)
@@ -286,7 +312,7 @@ def submission(
         pool_id=1,
         task_id=lease.task_id,
         policy_version=policy.version,
-        backend="hf",
+        backend=engine,  # type: ignore[arg-type]
         precision=precision,  # type: ignore[arg-type]
         device_class=device_class,
         prompt_token_ids=prompt,
@@ -324,12 +350,14 @@ def validators(lm: CausalLM) -> list[Validator]:
 
 
 PROVERS = {
-    # name: (precision, emulated device class?)
-    "hf-bf16": ("bf16", False),
-    "hf-fp16": ("fp16", False),
-    "hf-fp32": ("fp32", False),
-    "emu-gpu-bf16": ("bf16", True),
+    # name: (engine, precision, emulated device class?)
+    "hf-bf16": ("hf", "bf16", False),
+    "hf-fp16": ("hf", "fp16", False),
+    "hf-fp32": ("hf", "fp32", False),
+    "emu-gpu-bf16": ("hf", "bf16", True),
+    "vllm-bf16": ("vllm", "bf16", False),
 }
+DEFAULT_PROVERS = "hf-bf16,hf-fp16,hf-fp32,emu-gpu-bf16"
 
 
 def _q(xs: list[float]) -> dict[str, float]:
@@ -345,15 +373,16 @@ def _q(xs: list[float]) -> dict[str, float]:
     }
 
 
-def honest(spec: Spec, groups: int, rng: random.Random, budget: dict[str, int]) -> dict:
+def honest(spec: Spec, groups: int, rng: random.Random, provers: list[str]) -> dict:
     """`groups` honest groups per prover, each judged by every validator."""
     vals = validators(spec.lm)
     pairs: dict[str, dict] = {}
-    for prover, (precision, emu) in PROVERS.items():
-        n = budget.get(prover, groups)
-        if n <= 0:
-            continue
+    for prover in provers:
+        engine, precision, emu = PROVERS[prover]
+        n = groups
         lm = emulated(spec.lm, EMU_SPLITS) if emu else spec.lm
+        if engine == "vllm":
+            lm = on_disk(lm, spec.name)
         device_class = "emu-gpu" if emu else VALIDATOR_CLASS
         policy = LoadedPolicy(10, "0a" * 32, lm)
         entries: list[SubmittedRollout] = []
@@ -364,10 +393,12 @@ def honest(spec: Spec, groups: int, rng: random.Random, budget: dict[str, int]) 
                 new_lease(spec, rng) for _ in range(min(sizes[len(entries) % 5], n - len(entries)))
             ]
             torch.set_num_threads(1 + len(entries) % 2)
-            gens = generate(lm, precision, batch, None)
+            gens = generate(lm, precision, batch, None, engine)
             torch.set_num_threads(2)
             for (lease, prompt), g in zip(batch, gens, strict=True):
-                entries.append(submission(policy, lease, prompt, g, precision, device_class))
+                entries.append(
+                    submission(policy, lease, prompt, g, precision, device_class, engine=engine)
+                )
                 tokens += sum(len(x.token_ids) for x in g)
         for v in vals:
             outcomes: dict[str, int] = {}
@@ -416,29 +447,45 @@ def honest(spec: Spec, groups: int, rng: random.Random, budget: dict[str, int]) 
 
 
 def attack_entries(
-    spec: Spec, name: str, cheat: CausalLM | None, policy: LoadedPolicy, rng: random.Random, n: int
+    spec: Spec,
+    name: str,
+    cheat: CausalLM | None,
+    policy: LoadedPolicy,
+    rng: random.Random,
+    n: int,
+    engine: str,
 ) -> list[SubmittedRollout | tuple[SubmittedRollout, SubmittedRollout]]:
+    """`n` submissions cheating in way `name`, generated on `engine` (the cheater's)."""
     out: list = []
+    honest_lm = on_disk(policy.lm, spec.name) if engine == "vllm" else policy.lm
     for t in range(n):
         lease, prompt = new_lease(spec, rng)
+
+        def sub(
+            g: list[Generation],
+            hid: list[torch.Tensor] | None = None,
+            lease: Lease = lease,
+            prompt: list[int] = prompt,
+        ) -> SubmittedRollout:
+            return submission(policy, lease, prompt, g, "bf16", VALIDATOR_CLASS, hid, engine)
+
         if cheat is not None:
-            (g,) = generate(cheat, "bf16", [(lease, prompt)], None)
-            hid = prefill_hidden(cheat, [(prompt, x.token_ids) for x in g], "bf16")
-            out.append(submission(policy, lease, prompt, g, "bf16", VALIDATOR_CLASS, hid))
+            (g,) = generate(cheat, "bf16", [(lease, prompt)], None, engine)
+            out.append(sub(g, prefill_hidden(cheat, [(prompt, x.token_ids) for x in g], "bf16")))
             continue
         if name == "sampling_ignores_seed":
-            (g,) = generate(policy.lm, "bf16", [(lease, prompt)], [rng.randrange(1 << 62)])
-            out.append(submission(policy, lease, prompt, g, "bf16", VALIDATOR_CLASS))
+            seeds = [rng.randrange(1 << 62)]
+            (g,) = generate(honest_lm, "bf16", [(lease, prompt)], seeds, engine)
+            out.append(sub(g))
             continue
         if name == "tampered_prompt":
             # Generated (and proved) on an easier prompt, submitted as the leased prompt's answer.
             other = spec.prompts(rng)
-            (g,) = generate(policy.lm, "bf16", [(lease, other)], None)
-            hid = prefill_hidden(policy.lm, [(other, x.token_ids) for x in g], "bf16")
-            out.append(submission(policy, lease, prompt, g, "bf16", VALIDATOR_CLASS, hid))
+            (g,) = generate(honest_lm, "bf16", [(lease, other)], None, engine)
+            out.append(sub(g, prefill_hidden(policy.lm, [(other, x.token_ids) for x in g], "bf16")))
             continue
-        (g,) = generate(policy.lm, "bf16", [(lease, prompt)], None)
-        e = submission(policy, lease, prompt, g, "bf16", VALIDATOR_CLASS)
+        (g,) = generate(honest_lm, "bf16", [(lease, prompt)], None, engine)
+        e = sub(g)
         comps = list(e.submission.completions)
         i = rng.randrange(len(comps))
         c = comps[i]
@@ -483,17 +530,20 @@ def attack_entries(
     return out
 
 
-def attacks(spec: Spec, trials: int, rng: random.Random) -> dict:
+def attacks(spec: Spec, trials: int, rng: random.Random, engine: str) -> dict:
+    """Every attack, `trials` times, with the cheater generating on `engine`."""
     v = validators(spec.lm)[0]
     policy = v.policy
     res = {}
     for name in [*REQUIRED, *MEASURED_WEIGHTS]:
         make = WEIGHT_ATTACKS.get(name) or MEASURED_WEIGHTS.get(name)
         cheat = make(spec.lm) if make else None
+        if cheat is not None and engine == "vllm":
+            cheat = on_disk(cheat, f"{spec.name}-{name}")
         seen: set[str] = set()
         finals: dict[str, int] = {}
         ratios, gaps = [], []
-        for item in attack_entries(spec, name, cheat, policy, rng, trials):
+        for item in attack_entries(spec, name, cheat, policy, rng, trials, engine):
             if isinstance(item, tuple):  # replay: the original passes, the copy is a duplicate
                 first, copy_ = item
                 seen.add(first.submission.content_hash())
@@ -516,7 +566,7 @@ def attacks(spec: Spec, trials: int, rng: random.Random) -> dict:
     return res
 
 
-def margins(pairs: dict, attacks_: dict) -> dict:
+def margins(pairs: dict, attack_sets: list[dict]) -> dict:
     """Each noisy statistic: honest worst against the accept limit, weakest weight cheat against
     the reject limit (both ratios > 1 mean the band sits between them)."""
     honest_ratio = max(
@@ -525,11 +575,11 @@ def margins(pairs: dict, attacks_: dict) -> dict:
     honest_gap = max(
         (p["honest"]["max_replay_gap"].get("max", 0) for p in pairs.values()), default=0
     )
-    weakest = {
-        k: a["weight_ratio"].get("min", math.inf)
-        for k, a in attacks_.items()
-        if k in WEIGHT_ATTACKS or k in MEASURED_WEIGHTS
-    }
+    weakest: dict[str, float] = {}
+    for attacks_ in attack_sets:  # one set per cheating engine: the weakest of all
+        for k, a in attacks_.items():
+            if k in WEIGHT_ATTACKS or k in MEASURED_WEIGHTS:
+                weakest[k] = min(weakest.get(k, math.inf), a["weight_ratio"].get("min", math.inf))
     band = ACCEPTANCE.weight_ratio
     return {
         "weight_ratio": {
@@ -564,6 +614,13 @@ def main() -> None:
     ap.add_argument("--smollm2-groups", type=int, default=80, help="honest groups per prover")
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--smollm2-trials", type=int, default=3)
+    ap.add_argument("--provers", default=DEFAULT_PROVERS, help=f"of {', '.join(PROVERS)}")
+    ap.add_argument("--cheat-engine", choices=("hf", "vllm"), default="hf")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="add these pairs (and the attacks on --cheat-engine) to the models already in --out",
+    )
     ap.add_argument(
         "--out",
         type=Path,
@@ -572,31 +629,37 @@ def main() -> None:
     )
     args = ap.parse_args()
     torch.set_num_threads(2)
-    rng = random.Random(0)
-    result: dict = {}
+    rng = random.Random(1 if args.merge else 0)
+    result: dict = json.loads(args.out.read_text()).get("models", {}) if args.merge else {}
     started = time.time()
     for spec in specs(args.models.split(","), args.model):
         t0 = time.time()
         big = spec.name == "smollm2"
         n = args.smollm2_groups if big else args.groups
-        pairs = honest(spec, n, rng, {})
-        att = attacks(spec, args.smollm2_trials if big else args.trials, rng)
-        first = next(iter(pairs.values()))
-        first["attacks"] = att  # every attack is judged by the first validator, cheater on hf-bf16
-        result[spec.name] = {
-            "description": spec.description,
-            "layers": spec.lm.module.config.num_hidden_layers,
-            "parameters": spec.lm.num_parameters(),
-            "pairs": pairs,
-            "attacks_judged_by": next(iter(pairs)),
-            "margins": margins(pairs, att),
-            "wall_s": round(time.time() - t0, 1),
-        }
+        pairs = honest(spec, n, rng, args.provers.split(","))
+        att = attacks(spec, args.smollm2_trials if big else args.trials, rng, args.cheat_engine)
+        # Every attack is judged by the first validator; its pair names the cheater's engine.
+        cheat_pair = f"{args.cheat_engine}-bf16/{validators(spec.lm)[0].name}"
+        entry = result.get(spec.name) if args.merge else None
+        if entry is None:
+            entry = result[spec.name] = {
+                "description": spec.description,
+                "layers": spec.lm.module.config.num_hidden_layers,
+                "parameters": spec.lm.num_parameters(),
+                "pairs": {},
+                "wall_s": 0.0,
+            }
+        entry["pairs"].update(pairs)
+        entry["pairs"].setdefault(cheat_pair, {"honest": {}, "attacks": {}})["attacks"] = att
+        entry["margins"] = margins(
+            {k: p for k, p in entry["pairs"].items() if p["honest"]},
+            [p["attacks"] for p in entry["pairs"].values() if p["attacks"]],
+        )
+        entry["wall_s"] = round(entry["wall_s"] + time.time() - t0, 1)
         write_models(args.out, result)
-    total = sum(p["honest"]["groups"] for m in result.values() for p in m["pairs"].values())
-    false = sum(
-        p["honest"]["false_rejections"] for m in result.values() for p in m["pairs"].values()
-    )
+    honest_pairs = [p["honest"] for m in result.values() for p in m["pairs"].values()]
+    total = sum(h.get("groups", 0) for h in honest_pairs)
+    false = sum(h.get("false_rejections", 0) for h in honest_pairs)
     summary = {
         "honest_groups": total,
         "false_rejections": false,
