@@ -23,8 +23,12 @@ STEPS = 2
 
 @pytest.mark.timeout(600)
 def test_smollm2_rollouts_are_verified_attested_and_trained(
-    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The untuned model answers none of the raw `a+b=` prompts exactly (every group scores 0):
+    # the trainer takes such groups here instead of waiting for informative ones, because what
+    # this run checks is that a 30-layer model's honest work passes verification at every step.
+    monkeypatch.setenv("PRIME_TRAINER_FILTER_ZERO_VARIANCE", "false")
     run_dir = tmp_path_factory.mktemp("run")
     settings = LocalNetworkSettings(
         runs_dir=run_dir.parent,
