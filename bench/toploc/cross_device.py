@@ -28,10 +28,12 @@ from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, make_optimizer
 from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.rollout.noise import gumbel_rows, perturbed_scores
-from prime_swarm.libs.rollout.recompute import prefill_hidden
+from prime_swarm.libs.rollout.recompute import prefill_hidden, recompute
 from prime_swarm.libs.toploc import (
     build_proofs_batch,
+    compare_hidden,
     group_contexts,
+    pooled_chunk_err,
     pooled_mant_err_mean,
     verify_proofs_batch,
 )
@@ -63,6 +65,7 @@ def honest_noise(
     assert acc is not None
     backend = HFBackend("bf16")
     pools: list[float] = []
+    ratios: list[float] = []
     gaps: list[float] = []
     exact = 0
     for b in range(groups // batch):
@@ -89,6 +92,16 @@ def honest_noise(
             res = verify_proofs_batch(mine, proofs, ctx, acc.gross)
             pools.append(pooled_mant_err_mean(res))
             exact += all(torch.equal(a, t) for a, t in zip(mine, theirs, strict=True))
+            # The first check's statistic: against the validator's fp32 reference, over its own
+            # bf16 noise on the same points (libs/rollout/verify.measure_group).
+            recs = recompute(cpu_lm, [(prompts[gi], c.token_ids) for c in g], "bf16")
+            worker_err = pooled_mant_err_mean(
+                verify_proofs_batch([r.reference for r in recs], proofs, ctx, acc.gross)
+            )
+            noise_err = pooled_chunk_err(
+                st for r in recs for st in compare_hidden(r.reference, r.declared)
+            )
+            ratios.append(worker_err / max(noise_err, acc.noise_floor_ulp))
             for j, (c, h) in enumerate(zip(g, mine, strict=True)):
                 logits = head.head_logits(h.to(head.device))
                 rows = [(seed, j, k) for k in range(len(c.token_ids))]
@@ -102,6 +115,10 @@ def honest_noise(
         "groups_bit_exact": exact,
         "pooled_mant_err": {"p50": _pct(pools, 0.5), "p99": _pct(pools, 0.99), "max": max(pools)},
         "replay_gap": {"p50": _pct(gaps, 0.5), "p99": _pct(gaps, 0.99), "max": max(gaps)},
+        "weight_ratio": {"p50": _pct(ratios, 0.5), "p99": _pct(ratios, 0.99), "max": max(ratios)},
+        "weight_ratio_band": acc.weight_ratio.model_dump(),
+        "first_check_not_accepted": sum(acc.weight_ratio.outcome(r) != "accept" for r in ratios),
+        # Same-precision (second opinion) limits: what a CPU recheck of GPU work would face.
         "limit_group_mant_err": acc.recheck.max_group_mant_err,
         "limit_replay": acc.recheck.max_replay_gap,
         "rejected_at_limits": sum(p > acc.recheck.max_group_mant_err for p in pools)
