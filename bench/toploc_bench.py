@@ -66,6 +66,9 @@ from prime_swarm.protocol.messages import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench" / "toploc"))
+from cheats import REQUIRED, neighbour, perturbed, quantized  # noqa: E402
+
 CACHE = REPO / ".cache" / "models"
 REF_PY = REPO / "bench" / ".venv-toploc-ref" / "bin" / "python"
 WORKER = "0x" + "ab" * 20
@@ -79,38 +82,6 @@ TINY_DESCRIPTION = "warm-started tiny Qwen2 (2 layers, hidden 128, 4/2 heads, by
 
 
 # --------------------------------------------------------------------------- models
-def _perturbed(lm: CausalLM, fn) -> CausalLM:  # noqa: ANN001
-    """A copy of `lm` whose every weight matrix went through `fn` (norms and biases kept)."""
-    module = copy.deepcopy(lm.module)
-    with torch.no_grad():
-        for p in module.parameters():
-            if p.ndim >= 2:
-                p.copy_(fn(p.float()).to(p.dtype))
-    return CausalLM(module.eval(), lm.tokenizer)
-
-
-def quantized(bits: int):  # noqa: ANN201
-    """Symmetric per-output-channel quantize-dequantize: what an int8/int4 worker computes with."""
-    levels = 2 ** (bits - 1) - 1
-
-    def fn(w: torch.Tensor) -> torch.Tensor:
-        scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / levels
-        return (w / scale).round().clamp(-levels, levels) * scale
-
-    return fn
-
-
-def neighbour(rel: float, seed: int = 0):  # noqa: ANN201
-    """A fine-tuned neighbour: every tensor moved by Gaussian noise of `rel` x its RMS."""
-    gen = torch.Generator().manual_seed(seed)
-
-    def fn(w: torch.Tensor) -> torch.Tensor:
-        rms = w.pow(2).mean().sqrt()
-        return w + rel * rms * torch.randn(w.shape, generator=gen)
-
-    return fn
-
-
 def accept(backend: str) -> Acceptance:
     a = acceptance_for(backend)
     if a is None:
@@ -152,9 +123,9 @@ def models(base_dir: Path | None) -> dict[str, LoadedPolicy]:
         "v10": v10,
         "far": load_pretrained(far),
         "other_seed": CausalLM(init_tiny_model(1), build_tokenizer()),
-        "int8": _perturbed(v10, quantized(8)),
-        "int4": _perturbed(v10, quantized(4)),
-        "neighbour_1pct": _perturbed(v10, neighbour(0.01)),
+        "int8": perturbed(v10, quantized(8)),
+        "int4": perturbed(v10, quantized(4)),
+        "neighbour_1pct": perturbed(v10, neighbour(0.01)),
     }
     out = {}
     for name, m in lms.items():
@@ -604,20 +575,6 @@ def attack_entries(
     return out
 
 
-REQUIRED = [
-    "different_model_other_checkpoint",
-    "different_model_other_seed",
-    "quantized_int8",
-    "quantized_int4",
-    "finetuned_neighbour_1pct_rms",
-    "tampered_prompt",
-    "tampered_completion_token",
-    "truncated_completion",
-    "sampling_ignores_seed",
-    "inflated_reward",
-    "replayed_submission",
-    "forged_proof",
-]
 MEASURED = ["older_weights_1", "older_weights_2"]
 
 

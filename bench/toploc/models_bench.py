@@ -36,6 +36,7 @@ from prime_swarm.libs.model.backend import Generation
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.gguf_import import smollm2_dir
+from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.io import load_pretrained
 from prime_swarm.libs.model.tokenizer import build_tokenizer, decode
@@ -54,13 +55,15 @@ from prime_swarm.protocol.messages import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cheats import REQUIRED as REQUIRED_ATTACKS  # noqa: E402
+from cheats import fp8, neighbour, perturbed, quantized  # noqa: E402
 from device_emulator import emulated  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "models"
 WORKER = "0x" + "ab" * 20
 ENV = get_env("arith")
-VALIDATOR_CLASS = "cpu-x86_64"
+VALIDATOR_CLASS = device_class("cpu")
 EMU_SPLITS = 1
 """Split-K blocks of the emulated device class: tuned so the 104M Qwen2 against the CPU
 validator's bf16 prefill pools to p50 0.82 ulp per completion (the H100 measured 0.87); 2 blocks
@@ -139,39 +142,6 @@ def specs(names: list[str], model_dir: Path | None) -> list[Spec]:
     return out
 
 
-def _copy_weights(lm: CausalLM, fn: Callable[[torch.Tensor], torch.Tensor]) -> CausalLM:
-    module = copy.deepcopy(lm.module)
-    with torch.no_grad():
-        for p in module.parameters():
-            if p.ndim >= 2:
-                p.copy_(fn(p.float()).to(p.dtype))
-    return CausalLM(module.eval(), lm.tokenizer, lm.source)
-
-
-def quantized(bits: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    levels = 2 ** (bits - 1) - 1
-
-    def fn(w: torch.Tensor) -> torch.Tensor:
-        scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / levels
-        return (w / scale).round().clamp(-levels, levels) * scale
-
-    return fn
-
-
-def fp8(w: torch.Tensor) -> torch.Tensor:
-    scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448.0
-    return (w / scale).to(torch.float8_e4m3fn).float() * scale
-
-
-def neighbour(rel: float) -> Callable[[torch.Tensor], torch.Tensor]:
-    gen = torch.Generator().manual_seed(0)
-
-    def fn(w: torch.Tensor) -> torch.Tensor:
-        return w + rel * w.pow(2).mean().sqrt() * torch.randn(w.shape, generator=gen)
-
-    return fn
-
-
 def trained(lm: CausalLM, steps: int, lr: float) -> CausalLM:
     """`lm` after `steps` AdamW steps on its own sampled text: another checkpoint of one run."""
     module = copy.deepcopy(lm.module).train()
@@ -196,13 +166,13 @@ def other_seed(lm: CausalLM) -> CausalLM:
 WEIGHT_ATTACKS: dict[str, Callable[[CausalLM], CausalLM]] = {
     "different_model_other_checkpoint": lambda lm: trained(lm, 3, 1e-4),
     "different_model_other_seed": other_seed,
-    "quantized_int8": lambda lm: _copy_weights(lm, quantized(8)),
-    "quantized_int4": lambda lm: _copy_weights(lm, quantized(4)),
-    "finetuned_neighbour_1pct_rms": lambda lm: _copy_weights(lm, neighbour(0.01)),
+    "quantized_int8": lambda lm: perturbed(lm, quantized(8)),
+    "quantized_int4": lambda lm: perturbed(lm, quantized(4)),
+    "finetuned_neighbour_1pct_rms": lambda lm: perturbed(lm, neighbour(0.01)),
 }
 MEASURED_WEIGHTS: dict[str, Callable[[CausalLM], CausalLM]] = {
-    "fp8_weights": lambda lm: _copy_weights(lm, fp8),
-    "finetuned_neighbour_0.3pct_rms": lambda lm: _copy_weights(lm, neighbour(0.003)),
+    "fp8_weights": lambda lm: perturbed(lm, fp8),
+    "finetuned_neighbour_0.3pct_rms": lambda lm: perturbed(lm, neighbour(0.003)),
     "older_policy_version": lambda lm: trained(lm, 1, 2e-5),
 }
 OTHER_ATTACKS = [
@@ -215,6 +185,7 @@ OTHER_ATTACKS = [
     "forged_proof",
 ]
 REQUIRED = [*WEIGHT_ATTACKS, *OTHER_ATTACKS]
+assert sorted(REQUIRED) == sorted(REQUIRED_ATTACKS)
 
 
 # --------------------------------------------------------------------------- work
@@ -326,16 +297,19 @@ class Validator:
     name: str
     policy: LoadedPolicy
     threads: int
+    device_class: str
+    """Its arithmetic: eager attention computes otherwise than the workers' SDPA, so that
+    validator counts as another class (it never holds work to bit-exactness)."""
 
     def judge(self, entries: list[SubmittedRollout]) -> list[tuple[str, Judgement]]:
         torch.set_num_threads(self.threads)
         try:
             works = [Work(e, self.policy) for e in entries]
-            judged = verify_batch(works)
+            judged = verify_batch(works, device_class=self.device_class)
         finally:
             torch.set_num_threads(2)
         return [
-            (settle(j, e.submission.device_class == VALIDATOR_CLASS), j)
+            (settle(j, e.submission.device_class == self.device_class), j)
             for e, j in zip(entries, judged, strict=True)
         ]
 
@@ -344,8 +318,13 @@ def validators(lm: CausalLM) -> list[Validator]:
     eager = copy.deepcopy(lm.module)
     eager.set_attn_implementation("eager")
     return [
-        Validator("cpu-2t-sdpa", LoadedPolicy(10, "0a" * 32, lm), 2),
-        Validator("cpu-1t-eager", LoadedPolicy(10, "0a" * 32, CausalLM(eager, lm.tokenizer)), 1),
+        Validator("cpu-2t-sdpa", LoadedPolicy(10, "0a" * 32, lm), 2, VALIDATOR_CLASS),
+        Validator(
+            "cpu-1t-eager",
+            LoadedPolicy(10, "0a" * 32, CausalLM(eager, lm.tokenizer)),
+            1,
+            f"{VALIDATOR_CLASS}-eager",
+        ),
     ]
 
 
@@ -400,9 +379,13 @@ def honest(spec: Spec, groups: int, rng: random.Random, provers: list[str]) -> d
                     submission(policy, lease, prompt, g, precision, device_class, engine=engine)
                 )
                 tokens += sum(len(x.token_ids) for x in g)
+        # Held work is settled by a validator of the declared class: the emulated one for
+        # emu-gpu workers, this machine for its own class.
+        settler = Validator(device_class, LoadedPolicy(10, "0a" * 32, lm), 2, device_class)
         for v in vals:
             outcomes: dict[str, int] = {}
-            ratios, gaps, suspects = [], [], []
+            settled: dict[str, int] = {}
+            ratios, gaps, same, suspects = [], [], [], []
             order = list(range(len(entries)))
             rng.shuffle(order)  # batch composition differs from the worker's
             at = 0
@@ -410,11 +393,16 @@ def honest(spec: Spec, groups: int, rng: random.Random, provers: list[str]) -> d
                 size = rng.choice([1, 3, 6])
                 chunk = [entries[i] for i in order[at : at + size]]
                 at += size
-                for (final, j), _e in zip(v.judge(chunk), chunk, strict=True):
+                for (final, j), e in zip(v.judge(chunk), chunk, strict=True):
                     outcomes[final] = outcomes.get(final, 0) + 1
+                    if final == "held":
+                        ((again, _),) = settler.judge([e])
+                        settled[again] = settled.get(again, 0) + 1
                     if j.evidence is not None:
                         ratios.append(j.evidence.weight_ratio)
                         gaps.append(j.evidence.max_replay_gap)
+                        if j.evidence.same_class_err is not None:
+                            same.append(j.evidence.same_class_err)
                     if j.outcome != "accept":
                         suspects.append(
                             {
@@ -427,14 +415,17 @@ def honest(spec: Spec, groups: int, rng: random.Random, provers: list[str]) -> d
                 "honest": {
                     "groups": len(entries),
                     "mean_completion_tokens": round(tokens / (len(entries) * spec.group_size), 1),
-                    "false_rejections": outcomes.get("reject", 0),
+                    # Rejected (slashed) at once, or held and then rejected by the worker's class.
+                    "false_rejections": outcomes.get("reject", 0) + settled.get("reject", 0),
                     "held": outcomes.get("held", 0),
+                    "held_then_settled_by_the_workers_class": settled,
                     "suspects_cleared_by_second_opinion": sum(
                         1 for s in suspects if s["final"] == "accept"
                     ),
                     "outcomes": outcomes,
                     "weight_ratio": _q(ratios),
                     "max_replay_gap": _q(gaps),
+                    "same_class_err": _q(same),
                     "suspects": suspects[:5],
                 },
                 "attacks": {},
@@ -542,7 +533,7 @@ def attacks(spec: Spec, trials: int, rng: random.Random, engine: str) -> dict:
             cheat = on_disk(cheat, f"{spec.name}-{name}")
         seen: set[str] = set()
         finals: dict[str, int] = {}
-        ratios, gaps = [], []
+        ratios, gaps, same = [], [], []
         for item in attack_entries(spec, name, cheat, policy, rng, trials, engine):
             if isinstance(item, tuple):  # replay: the original passes, the copy is a duplicate
                 first, copy_ = item
@@ -553,6 +544,8 @@ def attacks(spec: Spec, trials: int, rng: random.Random, engine: str) -> dict:
                 if j.evidence is not None:
                     ratios.append(j.evidence.weight_ratio)
                     gaps.append(j.evidence.max_replay_gap)
+                    if j.evidence.same_class_err is not None:
+                        same.append(j.evidence.same_class_err)
             finals[final] = finals.get(final, 0) + 1
         res[name] = {
             "trials": trials,
@@ -561,8 +554,11 @@ def attacks(spec: Spec, trials: int, rng: random.Random, engine: str) -> dict:
             "required": name in REQUIRED,
             "weight_ratio": _q(ratios),
             "max_replay_gap": _q(gaps),
+            "same_class_err": _q(same),
         }
-        print(f"  {spec.name} attack {name}: {finals} ratio {_q(ratios)}", flush=True)
+        print(
+            f"  {spec.name} attack {name}: {finals} ratio {_q(ratios)} same {_q(same)}", flush=True
+        )
     return res
 
 
@@ -611,10 +607,15 @@ def main() -> None:
     ap.add_argument("--models", default="tiny,depth2,depth8,depth30,smollm2")
     ap.add_argument("--model", type=Path, default=None, help="a model directory for 'smollm2'")
     ap.add_argument("--groups", type=int, default=100, help="honest groups per prover")
-    ap.add_argument("--smollm2-groups", type=int, default=80, help="honest groups per prover")
+    ap.add_argument("--smollm2-groups", type=int, default=50, help="honest groups per prover")
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--smollm2-trials", type=int, default=3)
     ap.add_argument("--provers", default=DEFAULT_PROVERS, help=f"of {', '.join(PROVERS)}")
+    ap.add_argument(
+        "--smollm2-provers",
+        default="hf-bf16,hf-fp32,emu-gpu-bf16",
+        help="SmolLM2's provers (fp16 on a CPU costs 2x bf16 and is measured on the others)",
+    )
     ap.add_argument("--cheat-engine", choices=("hf", "vllm"), default="hf")
     ap.add_argument(
         "--merge",
@@ -636,7 +637,8 @@ def main() -> None:
         t0 = time.time()
         big = spec.name == "smollm2"
         n = args.smollm2_groups if big else args.groups
-        pairs = honest(spec, n, rng, args.provers.split(","))
+        provers = args.smollm2_provers if big and not args.merge else args.provers
+        pairs = honest(spec, n, rng, provers.split(","))
         att = attacks(spec, args.smollm2_trials if big else args.trials, rng, args.cheat_engine)
         # Every attack is judged by the first validator; its pair names the cheater's engine.
         cheat_pair = f"{args.cheat_engine}-bf16/{validators(spec.lm)[0].name}"

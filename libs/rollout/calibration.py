@@ -95,7 +95,7 @@ ACCEPTANCE = Acceptance(
     gross=Thresholds(),
     # Measured by bench/toploc/models_bench.py (bench/results/toploc.json `models`); the comment
     # there and in the closing note of issue 24 gives the honest worst and weakest cheat per model.
-    weight_ratio=Band(accept_at_most=1.5, reject_from=1.9),
+    weight_ratio=Band(accept_at_most=1.5, reject_from=2.5),
     noise_floor_ulp=0.05,
     replay_gap=Band(accept_at_most=1.0, reject_from=6.0),
     recheck=Recheck(max_group_mant_err=0.3, max_replay_gap=0.5),

@@ -160,6 +160,11 @@ class GroupEvidence:
     honest noise at this depth, on these tokens."""
     weight_ratio: float
     """worker_err / max(noise_err, floor): about 1 for honest work, whatever the depth."""
+    same_class_err: float | None = None
+    """Pooled error of the proofs against the validator's own declared-precision recomputation,
+    measured only when the worker declared the validator's device class: there honest work
+    agrees bit for bit (libs/rollout/recompute.PROOF_WIDTH_MULTIPLE), so weights a few
+    roundings away (int8 on a 2-layer model) stand out where the fp32 ratio cannot see them."""
 
     @property
     def max_replay_gap(self) -> float:
@@ -173,9 +178,11 @@ def measure_group(
     acceptance: Acceptance,
     length: LengthReward | None = None,
     proofs: Sequence[VerifyResult] | None = None,
+    same_class: bool = False,
 ) -> GroupEvidence:
     """Recompute everything the verdict rests on from the validator's recomputation.
-    `proofs`: the group's proofs already checked (`check_proofs`, batched over many groups)."""
+    `proofs`: the group's proofs already checked (`check_proofs`, batched over many groups);
+    `same_class`: the worker declared the validator's device class."""
     length = length or LengthReward()
     entry, policy = work.entry, work.policy
     sub, lease = entry.submission, entry.lease
@@ -223,7 +230,21 @@ def measure_group(
         worker_err=worker_err,
         noise_err=noise_err,
         weight_ratio=worker_err / max(noise_err, acceptance.noise_floor_ulp),
+        same_class_err=declared_err(work, recs, acceptance) if same_class else None,
     )
+
+
+def declared_err(work: Work, recs: Sequence[Recomputed], acceptance: Acceptance) -> float:
+    """Pooled error of the group's proofs against the validator's recomputation in the declared
+    precision (bit for bit equal for honest work on the worker's device class)."""
+    sub, lease = work.entry.submission, work.entry.lease
+    contexts = group_contexts(
+        work.policy.model_hash, lease.lease_id, [c.token_ids for c in sub.completions]
+    )
+    proofs = verify_proofs_batch(
+        [r.declared for r in recs], [c.proof for c in sub.completions], contexts, acceptance.gross
+    )
+    return pooled_mant_err_mean(proofs)
 
 
 Outcome = Literal["accept", "suspect", "reject"]
@@ -308,6 +329,16 @@ def judge_group(
             return Judgement(outcome, evidence, weights_why, out)
         if sampling == outcome:
             return Judgement(outcome, evidence, sampling_why, out)
+    same = evidence.same_class_err
+    if same is not None and not same <= acceptance.recheck.max_group_mant_err:
+        # One noisy opinion never slashes: the second opinion recomputes it the worker's way.
+        why = Refusal(
+            "bad_proof",
+            f"proof error {same:.3f} ulp against this validator's {sub.precision} "
+            f"recomputation on the worker's own device class > "
+            f"{acceptance.recheck.max_group_mant_err}",
+        )
+        return Judgement("suspect", evidence, why, out)
     return Judgement("accept", evidence, None, out)
 
 
@@ -326,13 +357,7 @@ def second_opinion(
     entry, policy = work.entry, work.policy
     sub, lease = entry.submission, entry.lease
     limits = acceptance.recheck
-    contexts = group_contexts(
-        policy.model_hash, lease.lease_id, [c.token_ids for c in sub.completions]
-    )
-    proofs = verify_proofs_batch(
-        [r.declared for r in recs], [c.proof for c in sub.completions], contexts, acceptance.gross
-    )
-    err = pooled_mant_err_mean(proofs)
+    err = declared_err(work, recs, acceptance)
     if not err <= limits.max_group_mant_err:
         return Refusal(
             "bad_proof",
@@ -362,13 +387,15 @@ def verify_batch(
     reward_tolerance: float = 1e-6,
     length: LengthReward | None = None,
     recheck: bool = True,
+    device_class: str | None = None,
 ) -> Verdicts:
     """Judge every submission of a batch, in order; never raises for a submission's sake.
 
     One recomputation per (policy version, precision) for the whole batch, one TOPLOC check per
     prover engine's limits; anything that fails batched is retried one group at a time, and a
     group that still makes the validator fail is refused as malformed rather than sinking the
-    batch. Suspects get `second_opinion` when `recheck`.
+    batch. Suspects get `second_opinion` when `recheck`. `device_class`: the validator's own;
+    work declared from it is also held against the validator's declared-precision numbers.
     """
     out: list[Judgement | None] = [None] * len(works)
     batches: dict[tuple[int, str], list[int]] = {}
@@ -407,7 +434,8 @@ def verify_batch(
         except Exception:  # noqa: BLE001 - checked group by group below
             pass
         for j, (i, work) in enumerate(zip(idx, group, strict=True)):
-            out[i] = judge_one(work, recs[j], proofs[j], reward_tolerance, length, recheck)
+            same = device_class is not None and work.entry.submission.device_class == device_class
+            out[i] = judge_one(work, recs[j], proofs[j], reward_tolerance, length, recheck, same)
     return [j for j in out if j is not None]
 
 
@@ -418,6 +446,7 @@ def judge_one(
     reward_tolerance: float,
     length: LengthReward | None,
     recheck: bool,
+    same_class: bool = False,
 ) -> Judgement:
     """One group's verdict, recomputing what the batch could not; a validator failure on a
     submission's input is that submission's `malformed` refusal."""
@@ -426,7 +455,7 @@ def judge_one(
     try:
         if recs is None:
             recs = recompute(work.policy.lm, work.pairs(), work.entry.submission.precision)
-        evidence = measure_group(work, recs, acceptance, length, proofs)
+        evidence = measure_group(work, recs, acceptance, length, proofs, same_class)
         judgement = judge_group(work, evidence, acceptance, reward_tolerance)
         if judgement.outcome == "suspect" and recheck:
             judgement.rechecked = True

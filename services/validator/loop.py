@@ -174,7 +174,10 @@ class Validator:
         if works:
             t0 = time.monotonic()
             judged = verify.verify_batch(
-                [w for _, w in works], self.s.reward_tolerance, self.s.recipe.length_reward
+                [w for _, w in works],
+                self.s.reward_tolerance,
+                self.s.recipe.length_reward,
+                device_class=self.device_class,
             )
             metrics.PREFILL_SECONDS.observe(time.monotonic() - t0)
             for (entry_id, work), judgement in zip(works, judged, strict=True):

@@ -83,7 +83,9 @@ def run_all(
     check_admission(entry.submission, entry.lease, CURRENT, ASYNC_LEVEL)
     check_prompt(entry, vp.lm)
     check_shapes(entry, vp.lm)
-    (judgement,) = verify_batch([Work(entry, vp)], reward_tolerance=1e-6)
+    (judgement,) = verify_batch(
+        [Work(entry, vp)], reward_tolerance=1e-6, device_class=device_class("cpu")
+    )
     final = settle(judgement, entry.submission.device_class == device_class("cpu"))
     if final != "accept":
         refusal = judgement.second_opinion or judgement.refusal
