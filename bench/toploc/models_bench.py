@@ -170,10 +170,14 @@ WEIGHT_ATTACKS: dict[str, Callable[[CausalLM], CausalLM]] = {
     "quantized_int4": lambda lm: perturbed(lm, quantized(4)),
     "finetuned_neighbour_1pct_rms": lambda lm: perturbed(lm, neighbour(0.01)),
 }
+LIAR = "quantized_int8_declared_from_another_device_class"
 MEASURED_WEIGHTS: dict[str, Callable[[CausalLM], CausalLM]] = {
     "fp8_weights": lambda lm: perturbed(lm, fp8),
     "finetuned_neighbour_0.3pct_rms": lambda lm: perturbed(lm, neighbour(0.003)),
     "older_policy_version": lambda lm: trained(lm, 1, 2e-5),
+    # int8 weights declared from a device class this validator is not: the same-class
+    # comparison cannot run, only the fp32 ratio (and a validator of that class) can tell.
+    LIAR: lambda lm: perturbed(lm, quantized(8)),
 }
 OTHER_ATTACKS = [
     "tampered_prompt",
@@ -452,13 +456,16 @@ def attack_entries(
     for t in range(n):
         lease, prompt = new_lease(spec, rng)
 
+        claimed = "cuda-sm90" if name == LIAR else VALIDATOR_CLASS
+
         def sub(
             g: list[Generation],
             hid: list[torch.Tensor] | None = None,
             lease: Lease = lease,
             prompt: list[int] = prompt,
+            claimed: str = claimed,
         ) -> SubmittedRollout:
-            return submission(policy, lease, prompt, g, "bf16", VALIDATOR_CLASS, hid, engine)
+            return submission(policy, lease, prompt, g, "bf16", claimed, hid, engine)
 
         if cheat is not None:
             (g,) = generate(cheat, "bf16", [(lease, prompt)], None, engine)
@@ -662,6 +669,8 @@ def main() -> None:
     honest_pairs = [p["honest"] for m in result.values() for p in m["pairs"].values()]
     total = sum(h.get("groups", 0) for h in honest_pairs)
     false = sum(h.get("false_rejections", 0) for h in honest_pairs)
+    for name, m in result.items():
+        print(f"{name} margins: {json.dumps(m['margins'])}")
     summary = {
         "honest_groups": total,
         "false_rejections": false,
