@@ -5,7 +5,7 @@ and the validator's second opinion recomputes it; no generation backend computes
 
 The validator's own numbers, what every verdict is measured against:
 
-Two recomputations of the submitted tokens, both batched prefills (`PROOF_WIDTH_MULTIPLE`):
+Two recomputations of the submitted tokens:
 
 - the **reference**, in fp32 (TF32 off). fp32 recomputations agree across engines and devices to
   about 1e-6 relative, far below one bf16 ulp (4e-3), so the reference does not depend on which
@@ -34,13 +34,8 @@ from prime_swarm.libs.rl.forward import completion_hidden
 PromptCompletion = tuple[Sequence[int], Sequence[int]]
 
 PROOF_WIDTH_MULTIPLE = 32
-"""Proof prefills pad every sequence to a multiple of this many tokens and batch only sequences of
-one padded width together. A row's bf16 hidden states depend on the padded width of its batch
-(attention and GEMM blocking change with it), not on the other rows (tiny Qwen2 on CPU, one and
-two threads: pooled group error exactly 0 over 160 groups, against p99 0.36 / worst 0.40 ulp with
-widths left ragged). Bucketing by width makes a sequence's numbers independent of what it was
-batched with: a worker and a validator of one device class compute it bit for bit alike (a
-batch-wide padded width left SmolLM2 groups 0.87-1.13x apart in the weight ratio)."""
+"""The fp32 reference pads every sequence to a multiple of this many tokens and batches only
+sequences of one padded width together (fp32 moves by ~1e-7 with the batch: no bf16 ulp)."""
 
 
 def _width(pair: PromptCompletion) -> int:
@@ -49,16 +44,19 @@ def _width(pair: PromptCompletion) -> int:
 
 
 @torch.no_grad()
-def _hidden(lm: CausalLM, pairs: Sequence[PromptCompletion], precision: str) -> list[torch.Tensor]:
+def _hidden(
+    lm: CausalLM, pairs: Sequence[PromptCompletion], precision: str, alone: bool = False
+) -> list[torch.Tensor]:
     """[L, C] fp32 copies of the hidden states at `precision`: one padded forward per padded
-    width (`PROOF_WIDTH_MULTIPLE`), so no sequence's numbers depend on its batch."""
+    width, or (`alone`) one unpadded forward per sequence."""
     out: list[torch.Tensor | None] = [None] * len(pairs)
     buckets: dict[int, list[int]] = {}
     for i, pair in enumerate(pairs):
-        buckets.setdefault(_width(pair), []).append(i)
+        buckets.setdefault(i if alone else _width(pair), []).append(i)
     model = lm.cast(precision)
     for idx in buckets.values():
-        hidden, _, _ = completion_hidden(model, [pairs[i] for i in idx], PROOF_WIDTH_MULTIPLE)
+        multiple = 1 if alone else PROOF_WIDTH_MULTIPLE
+        hidden, _, _ = completion_hidden(model, [pairs[i] for i in idx], multiple)
         for row, i in enumerate(idx):
             out[i] = hidden[row, : len(pairs[i][1])].float().cpu()
     return [h for h in out if h is not None]
@@ -69,8 +67,14 @@ def prefill_hidden(
 ) -> list[torch.Tensor]:
     """The final hidden states behind every completion token ([L, C], bf16, CPU) at `precision`:
     what a proof commits to, computed the same way by the worker that proves and the validator
-    that checks."""
-    return [h.to(torch.bfloat16) for h in _hidden(lm, sequences, precision)]
+    that checks.
+
+    One forward per sequence, alone: in bf16 a batch's shape moves every row's numbers (SmolLM2
+    on this CPU: a sequence prefilled with 5 others against alone pooled 1.17-1.42 ulp apart,
+    as far as from the fp32 reference, while 1 and 2 threads agree bit for bit). Alone, a
+    sequence's numbers depend on nothing but itself, so a worker and a validator of one device
+    class compute them identically however each batches its work."""
+    return [h.to(torch.bfloat16) for h in _hidden(lm, sequences, precision, alone=True)]
 
 
 @dataclass
@@ -89,7 +93,8 @@ def recompute(lm: CausalLM, pairs: Sequence[PromptCompletion], precision: str) -
         return []
     torch.backends.cuda.matmul.allow_tf32 = False  # the reference is fp32, not TF32
     reference = _hidden(lm, pairs, "fp32")
-    declared = reference if precision == "fp32" else _hidden(lm, pairs, precision)
+    # The declared precision exactly as the worker's proof prefill computes it.
+    declared = reference if precision == "fp32" else _hidden(lm, pairs, precision, alone=True)
     return [
         Recomputed(ref, dec.to(torch.bfloat16))
         for ref, dec in zip(reference, declared, strict=True)
