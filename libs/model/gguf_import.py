@@ -57,7 +57,8 @@ def import_gguf(
         raise GgufImportError(f"{path}: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
     # The weights are plain tensors now; a quantization config left behind would make every
     # later load look for the GGUF file again.
-    module.config.quantization_config = None
+    if hasattr(module.config, "quantization_config"):
+        del module.config.quantization_config
     for holder in (module, module.config):
         if hasattr(holder, "quantization_method"):
             delattr(holder, "quantization_method")
