@@ -163,7 +163,7 @@ class GroupEvidence:
     same_class_err: float | None = None
     """Pooled error of the proofs against the validator's own declared-precision recomputation,
     measured only when the worker declared the validator's device class: there honest work
-    agrees bit for bit (libs/rollout/recompute.PROOF_WIDTH_MULTIPLE), so weights a few
+    agrees bit for bit (libs/rollout/recompute.prefill_hidden), so weights a few
     roundings away (int8 on a 2-layer model) stand out where the fp32 ratio cannot see them."""
 
     @property
