@@ -472,9 +472,17 @@ def attack_entries(
             out.append(sub(g, prefill_hidden(cheat, [(prompt, x.token_ids) for x in g], "bf16")))
             continue
         if name == "sampling_ignores_seed":
-            seeds = [rng.randrange(1 << 62)]
-            (g,) = generate(honest_lm, "bf16", [(lease, prompt)], seeds, engine)
-            out.append(sub(g))
+            # A trial whose other seed changes no token is honest work, not an attack (a
+            # peaked model often samples the same tokens whatever the noise): drawn again.
+            (seeded,) = generate(honest_lm, "bf16", [(lease, prompt)], None, engine)
+            for _ in range(20):
+                seeds = [rng.randrange(1 << 62)]
+                (g,) = generate(honest_lm, "bf16", [(lease, prompt)], seeds, engine)
+                if [x.token_ids for x in g] != [x.token_ids for x in seeded]:
+                    break
+                lease, prompt = new_lease(spec, rng)
+                (seeded,) = generate(honest_lm, "bf16", [(lease, prompt)], None, engine)
+            out.append(sub(g, lease=lease, prompt=prompt))
             continue
         if name == "tampered_prompt":
             # Generated (and proved) on an easier prompt, submitted as the leased prompt's answer.

@@ -303,6 +303,11 @@ def judge_group(
         )
     ratio, gap = evidence.weight_ratio, evidence.max_replay_gap
     weights = acceptance.weight_ratio.outcome(ratio)
+    if weights == "reject" and evidence.same_class_err is None:
+        # The ratio's honest spread depends on the worker's device class; from a class other
+        # than the validator's it is one noisy opinion (the 2-layer model's emulated-GPU work
+        # reached 2.73), so it makes a suspect for that class to settle, never a slash.
+        weights = "suspect"
     sampling = acceptance.replay_gap.outcome(gap)
     weights_why = Refusal(
         "bad_proof",
