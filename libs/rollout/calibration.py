@@ -93,15 +93,28 @@ ACCEPTANCE = Acceptance(
     # and median 8), plus 8 sign flips: they survive cross-device noise at depth and only catch
     # gross forgeries; the weight ratio below tells near weights apart.
     gross=Thresholds(),
-    # Measured by bench/toploc/models_bench.py (bench/results/toploc.json `models`); the comment
-    # there and in the closing note of issue 24 gives the honest worst and weakest cheat per model.
+    # bench/toploc/models_bench.py (bench/results/toploc.json `models`, 2026-11-25, this CPU):
+    # honest groups judged by a validator of their own class sit at 0.95-1.18 on every model
+    # (SmolLM2 0.98-1.01); judged across classes (eager attention, the emulated GPU) they spread
+    # more on short groups (2-layer tiny model 0.36-2.73, depth 2 0.83-1.09, SmolLM2 0.87-1.05),
+    # which is why a reject from another class only makes a suspect (verify.judge_group). The
+    # weakest weight cheats: int8 1.89 and a 1 %-RMS neighbour 2.59 at depth 2, but int8 from 0.58
+    # on the tiny model, where only the same-class comparison (`recheck`) tells it apart. Between
+    # 1.5 and 2.5 a group is a suspect for the second opinion.
     weight_ratio=Band(accept_at_most=1.5, reject_from=2.5),
     # 0.05 let two small numbers make a large ratio: honest fp16 groups of the 2-layer model
     # reached 2.36 (fp16 rounds 8x finer than bf16, so both its errors are a few hundredths of a
     # bf16 ulp). bf16's own noise is 0.3 ulp and more at every depth measured, so 0.1 binds only
     # for fp16 and fp32, where a bf16 worker declaring fp32 still lands at 3x and more.
     noise_floor_ulp=0.1,
+    # Honest worst gap against the fp32 reference: 0.48 (tiny), 0.36 (SmolLM2, 160-token
+    # completions), 0.009 (depth 2); a tampered token trails by 4.3 and more, sampling with
+    # another seed by 9.4 and more at depth 2 (models_bench). A wrong seed on a peaked model
+    # that changes few tokens lands between the bands: a suspect, settled by the decode replay.
     replay_gap=Band(accept_at_most=1.0, reject_from=6.0),
+    # Honest work on the validator's own class agrees bit for bit (same-class error 0.0 in every
+    # honest group; the proof prefill forwards each sequence alone). int8 sits at 0.73-1.42 ulp
+    # (tiny, depth 2), a 0.3 %-RMS neighbour at 0.67 and more: 0.3 leaves room both ways.
     recheck=Recheck(max_group_mant_err=0.3, max_replay_gap=0.5),
 )
 
