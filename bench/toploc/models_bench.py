@@ -491,7 +491,14 @@ def attack_entries(
             out.append(sub(g, prefill_hidden(policy.lm, [(other, x.token_ids) for x in g], "bf16")))
             continue
         (g,) = generate(honest_lm, "bf16", [(lease, prompt)], None, engine)
-        e = sub(g)
+        for _ in range(20):
+            # A truncation needs a completion of two tokens or more; a group whose every
+            # completion is one token (an immediate EOS) cannot be cut: drawn again.
+            if name != "truncated_completion" or any(len(x.token_ids) > 1 for x in g):
+                break
+            lease, prompt = new_lease(spec, rng)
+            (g,) = generate(honest_lm, "bf16", [(lease, prompt)], None, engine)
+        e = sub(g, lease=lease, prompt=prompt)
         comps = list(e.submission.completions)
         i = rng.randrange(len(comps))
         c = comps[i]
@@ -503,8 +510,7 @@ def attack_entries(
             )
             comps[i] = c.model_copy(update={"token_ids": toks})
         elif name == "truncated_completion":
-            long = [k for k, x in enumerate(comps) if len(x.token_ids) > 1] or [i]
-            i = rng.choice(long)
+            i = rng.choice([k for k, x in enumerate(comps) if len(x.token_ids) > 1])
             c = comps[i]
             cut = list(c.token_ids[: max(1, rng.randrange(1, max(2, len(c.token_ids))))])
             comps[i] = c.model_copy(
