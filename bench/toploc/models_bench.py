@@ -660,7 +660,6 @@ def main() -> None:
         n = args.smollm2_groups if big else args.groups
         provers = args.smollm2_provers if big and not args.merge else args.provers
         pairs = honest(spec, n, rng, provers.split(","))
-        att = attacks(spec, args.smollm2_trials if big else args.trials, rng, args.cheat_engine)
         # Every attack is judged by the first validator; its pair names the cheater's engine.
         cheat_pair = f"{args.cheat_engine}-bf16/{validators(spec.lm)[0].name}"
         entry = result.get(spec.name) if args.merge else None
@@ -673,6 +672,8 @@ def main() -> None:
                 "wall_s": 0.0,
             }
         entry["pairs"].update(pairs)
+        write_models(args.out, result)  # the honest half survives a run stopped during attacks
+        att = attacks(spec, args.smollm2_trials if big else args.trials, rng, args.cheat_engine)
         entry["pairs"].setdefault(cheat_pair, {"honest": {}, "attacks": {}})["attacks"] = att
         entry["margins"] = margins(
             {k: p for k, p in entry["pairs"].items() if p["honest"]},
