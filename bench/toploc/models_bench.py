@@ -685,7 +685,7 @@ def main() -> None:
     total = sum(h.get("groups", 0) for h in honest_pairs)
     false = sum(h.get("false_rejections", 0) for h in honest_pairs)
     for name, m in result.items():
-        print(f"{name} margins: {json.dumps(m['margins'])}")
+        print(f"{name} margins: {json.dumps(m.get('margins'))}")
     summary = {
         "honest_groups": total,
         "false_rejections": false,
