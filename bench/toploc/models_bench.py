@@ -55,8 +55,8 @@ from prime_swarm.protocol.messages import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cheats import REQUIRED as REQUIRED_ATTACKS  # noqa: E402
-from cheats import fp8, neighbour, perturbed, quantized  # noqa: E402
+
+from cheats import REQUIRED, fp8, neighbour, perturbed, quantized  # noqa: E402
 from device_emulator import emulated  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -179,17 +179,7 @@ MEASURED_WEIGHTS: dict[str, Callable[[CausalLM], CausalLM]] = {
     # comparison cannot run, only the fp32 ratio (and a validator of that class) can tell.
     LIAR: lambda lm: perturbed(lm, quantized(8)),
 }
-OTHER_ATTACKS = [
-    "tampered_prompt",
-    "tampered_completion_token",
-    "truncated_completion",
-    "sampling_ignores_seed",
-    "inflated_reward",
-    "replayed_submission",
-    "forged_proof",
-]
-REQUIRED = [*WEIGHT_ATTACKS, *OTHER_ATTACKS]
-assert sorted(REQUIRED) == sorted(REQUIRED_ATTACKS)
+assert set(WEIGHT_ATTACKS) <= set(REQUIRED)
 
 
 # --------------------------------------------------------------------------- work
