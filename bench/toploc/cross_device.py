@@ -1,135 +1,78 @@
-"""Cross-device honest noise and a CUDA trainer step: run where a CUDA device is available.
+"""Verification across devices, run on a CUDA machine: the `cross_device` section of
+bench/results/toploc.json.
 
-A worker generates on the GPU (hf backend, bf16) and proves over its own prefill there; the
-validator recomputes that prefill on the CPU, as validators do. Reports the pooled group mantissa
-error and the replay gap of these honest groups (the distribution the ("hf", "hf") limits must
-clear on mixed hardware), for the tiny model and a ~100M Qwen2 built from a seed, plus the time
-of a GRPO step on the GPU and its FSDP2 variant (`fully_shard`, one rank). Prints one JSON object.
+Workers generate and prove on the GPU (`cuda-hf-bf16`: the `hf` engine in bf16). Every honest
+group is judged by a CPU validator (this machine's CPU) and by a GPU validator, through the
+validator's own decision (libs/rollout/verify.verify_batch, then settle); work either one holds
+is settled by a validator of the class the worker declared, as in a pool. The weight cheats
+(int8, int4, a 1 %-RMS neighbour; fp8 measured) generate on the GPU too, judged the same way.
+On the 104M Qwen2 the CPU stand-in for another device class (`emu-gpu-bf16`,
+device_emulator.py) runs against the same CPU validator: the comparison its tuning targets. Also
+the time of a GRPO step of the 104M model on the GPU, plain and FSDP2 (one rank).
 
-    python bench/toploc/cross_device.py [--model DIR] [--groups N]
+    python bench/toploc/cross_device.py [--models qwen104m,smollm2] [--groups N]
+        [--trials N] [--model DIR] [--out FILE]
+
+Each model's entry replaces the one in --out, the others are kept, so models can be measured in
+separate runs. Shapes follow models_bench: `models.<model>.pairs.<prover>/<validator>`.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
+import os
+import random
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from prime_swarm.libs.model.build import init_tiny_model
-from prime_swarm.libs.model.causal_lm import CausalLM
-from prime_swarm.libs.model.hf_backend import HFBackend
-from prime_swarm.libs.model.io import load_pretrained
-from prime_swarm.libs.model.tokenizer import build_tokenizer, prompt_ids
-from prime_swarm.libs.rl.envs import get_env
-from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, make_optimizer
-from prime_swarm.libs.rollout.calibration import acceptance_for
-from prime_swarm.libs.rollout.noise import gumbel_rows, perturbed_scores
-from prime_swarm.libs.rollout.recompute import prefill_hidden, recompute
-from prime_swarm.libs.toploc import (
-    build_proofs_batch,
-    compare_hidden,
-    group_contexts,
-    pooled_chunk_err,
-    pooled_mant_err_mean,
-    verify_proofs_batch,
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from models_bench import (  # noqa: E402
+    LIAR,
+    MEASURED_WEIGHTS,
+    PROVERS,
+    QWEN104M,
+    REPO,
+    WEIGHT_ATTACKS,
+    LoadedPolicy,
+    Validator,
+    attacks,
+    device_class,
+    honest,
+    on_device,
+    specs,
 )
 
-LARGE_ARCH = {
-    "hidden_size": 768,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "num_key_value_heads": 4,
-    "max_position_embeddings": 256,
-}
+from prime_swarm.libs.model.build import init_tiny_model  # noqa: E402
+from prime_swarm.libs.model.causal_lm import CausalLM  # noqa: E402
+from prime_swarm.libs.model.hardware import detect  # noqa: E402
+from prime_swarm.libs.model.tokenizer import build_tokenizer  # noqa: E402
+from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, make_optimizer  # noqa: E402
+
+WEIGHT_CHEATS = [*WEIGHT_ATTACKS, *(k for k in MEASURED_WEIGHTS if k != LIAR)]
 
 
-def _pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return round(s[min(len(s) - 1, int(q * len(s)))], 4)
+def cross_validators(lm: CausalLM, threads: int) -> list[Validator]:
+    """A CPU validator and a GPU validator, each with its own copy of the weights."""
+    return [
+        Validator("cpu", LoadedPolicy(10, "0a" * 32, lm), threads, device_class("cpu")),
+        Validator(
+            "cuda",
+            LoadedPolicy(10, "0a" * 32, on_device(lm, "cuda")),
+            threads,
+            device_class("cuda"),
+        ),
+    ]
 
 
-def honest_noise(
-    cpu_lm: CausalLM, groups: int, batch: int = 8, worker: str = "cuda", validator: str = "cpu"
-) -> dict[str, object]:
-    # Each side its own copy of the same weights, on its own device.
-    gpu_lm = CausalLM(copy.deepcopy(cpu_lm.module).to(worker), cpu_lm.tokenizer)
-    if validator != "cpu":
-        cpu_lm = CausalLM(copy.deepcopy(cpu_lm.module).to(validator), cpu_lm.tokenizer)
-    env = get_env("reverse")
-    acc = acceptance_for("hf")
-    assert acc is not None
-    backend = HFBackend("bf16")
-    pools: list[float] = []
-    ratios: list[float] = []
-    gaps: list[float] = []
-    exact = 0
-    for b in range(groups // batch):
-        tasks = env.sample_tasks(b, batch, "train")
-        prompts = [prompt_ids(cpu_lm.tokenizer, t.prompt) for t in tasks]
-        seeds = [b * 1000 + i for i in range(batch)]
-        out = backend.generate(
-            gpu_lm, prompts, seeds, group_size=8, max_new_tokens=8, temperature=1.0
-        )
-        seqs = [(p, c.token_ids) for p, g in zip(prompts, out, strict=True) for c in g]
-        # The validator batches differently: two halves, in reverse order.
-        half = len(seqs) // 2
-        ours = prefill_hidden(cpu_lm, seqs[half:], "bf16") + prefill_hidden(
-            cpu_lm, seqs[:half], "bf16"
-        )
-        ours = ours[len(seqs) - half :] + ours[: len(seqs) - half]
-        head = cpu_lm.cast("bf16")
-        for gi, (seed, g) in enumerate(zip(seeds, out, strict=True)):
-            ctx = group_contexts("model", f"lease-{b}-{gi}", [c.token_ids for c in g])
-            # The worker's proof prefill, on its own device (libs/rollout/answer.py).
-            theirs = prefill_hidden(gpu_lm, [(prompts[gi], c.token_ids) for c in g], "bf16")
-            proofs = build_proofs_batch(theirs, ctx)
-            mine = ours[gi * 8 : (gi + 1) * 8]
-            res = verify_proofs_batch(mine, proofs, ctx, acc.gross)
-            pools.append(pooled_mant_err_mean(res))
-            exact += all(torch.equal(a, t) for a, t in zip(mine, theirs, strict=True))
-            # The first check's statistic: against the validator's fp32 reference, over its own
-            # bf16 noise on the same points (libs/rollout/verify.measure_group).
-            recs = recompute(cpu_lm, [(prompts[gi], c.token_ids) for c in g], "bf16")
-            worker_err = pooled_mant_err_mean(
-                verify_proofs_batch([r.reference for r in recs], proofs, ctx, acc.gross)
-            )
-            noise_err = pooled_chunk_err(
-                st for r in recs for st in compare_hidden(r.reference, r.declared)
-            )
-            ratios.append(worker_err / max(noise_err, acc.noise_floor_ulp))
-            for j, (c, h) in enumerate(zip(g, mine, strict=True)):
-                logits = head.head_logits(h.to(head.device))
-                rows = [(seed, j, k) for k in range(len(c.token_ids))]
-                noise = gumbel_rows(rows, logits.shape[-1], logits.device)
-                scores = perturbed_scores(logits, 1.0, noise)
-                tok = torch.tensor(c.token_ids, device=logits.device)
-                gap = scores.max(-1).values - scores.gather(-1, tok[:, None]).squeeze(-1)
-                gaps.append(float(gap.max()))
-    return {
-        "groups": len(pools),
-        "groups_bit_exact": exact,
-        "pooled_mant_err": {"p50": _pct(pools, 0.5), "p99": _pct(pools, 0.99), "max": max(pools)},
-        "replay_gap": {"p50": _pct(gaps, 0.5), "p99": _pct(gaps, 0.99), "max": max(gaps)},
-        "weight_ratio": {"p50": _pct(ratios, 0.5), "p99": _pct(ratios, 0.99), "max": max(ratios)},
-        "weight_ratio_band": acc.weight_ratio.model_dump(),
-        "first_check_not_accepted": sum(acc.weight_ratio.outcome(r) != "accept" for r in ratios),
-        # Same-precision (second opinion) limits: what a CPU recheck of GPU work would face.
-        "limit_group_mant_err": acc.recheck.max_group_mant_err,
-        "limit_replay": acc.recheck.max_replay_gap,
-        "rejected_at_limits": sum(p > acc.recheck.max_group_mant_err for p in pools)
-        + sum(g > acc.recheck.max_replay_gap for g in gaps),
-    }
-
-
-def step_timing(arch: dict[str, int], fsdp: bool, steps: int = 5) -> dict[str, float]:
+def step_timing(fsdp: bool, steps: int = 5) -> dict[str, float]:
     from prime_swarm.libs.rl.distributed import DistContext, distributed_step, shard_model
 
-    lm = CausalLM(init_tiny_model(0, **arch).to("cuda"), build_tokenizer())
+    lm = CausalLM(init_tiny_model(0, **QWEN104M).to("cuda"), build_tokenizer())
     ctx = DistContext(0, 1, torch.device("cuda"), distributed=fsdp)
     if fsdp:
         lm = shard_model(lm, ctx)
@@ -155,38 +98,67 @@ def step_timing(arch: dict[str, int], fsdp: bool, steps: int = 5) -> dict[str, f
     return {"step_s": round(dt, 4), "tokens_per_s": round(tokens / dt), "sequences": 256}
 
 
+def steps() -> dict[str, dict[str, float]]:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    torch.distributed.init_process_group("nccl", rank=0, world_size=1)
+    try:
+        return {"plain": step_timing(fsdp=False), "fsdp2": step_timing(fsdp=True)}
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", type=Path, help="tiny model directory (default: seed 0 init)")
-    ap.add_argument("--groups", type=int, default=200)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="qwen104m,smollm2")
+    ap.add_argument("--model", type=Path, default=None, help="a model directory for 'smollm2'")
+    ap.add_argument("--groups", type=int, default=100, help="honest groups per prover")
+    ap.add_argument("--emu-groups", type=int, default=40, help="honest groups of the emulator")
+    ap.add_argument("--trials", type=int, default=10, help="trials per weight cheat")
+    ap.add_argument("--threads", type=int, default=8, help="the CPU validator's threads")
+    ap.add_argument("--step-timing", action="store_true", help="time GRPO steps on the GPU too")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "toploc.json")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "needs a CUDA device"
-    torch.set_num_threads(4)
-    tiny = (
-        load_pretrained(args.model)
-        if args.model
-        else CausalLM(init_tiny_model(0), build_tokenizer())
+    torch.set_num_threads(2)
+    rng = random.Random(7)
+    doc = json.loads(args.out.read_text()) if args.out.exists() else {}
+    # An entry of another shape is an older bench's, measured with another statistic: replaced.
+    section = doc.get("cross_device") if "models" in doc.get("cross_device", {}) else {}
+    section.update(
+        device=detect("cuda").describe(),
+        device_class=device_class("cuda"),
+        cpu=detect("cpu").describe(),
+        torch=torch.__version__,
+        command="python bench/toploc/cross_device.py " + " ".join(sys.argv[1:]),
     )
-    large = CausalLM(init_tiny_model(1, **LARGE_ARCH), build_tokenizer())
-    result: dict[str, object] = {
-        "device": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "tiny": honest_noise(tiny, args.groups),
-        "large_params": large.num_parameters(),
-        "large": honest_noise(large, args.groups // 2),
-        "large_gpu_validator": honest_noise(large, args.groups // 2, validator="cuda"),
-        "large_cpu_only": honest_noise(large, args.groups // 4, worker="cpu"),
-    }
-    if torch.distributed.is_available():
-        import os
-
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29533")
-        torch.distributed.init_process_group("nccl", rank=0, world_size=1)
-        result["step_large_plain"] = step_timing(LARGE_ARCH, fsdp=False)
-        result["step_large_fsdp2"] = step_timing(LARGE_ARCH, fsdp=True)
-        torch.distributed.destroy_process_group()
-    print(json.dumps(result, indent=1))
+    section.setdefault("models", {})
+    for spec in specs(args.models.split(","), args.model):
+        t0 = time.time()
+        vals = cross_validators(spec.lm, args.threads)
+        provers = ["cuda-hf-bf16"] + (["emu-gpu-bf16"] if spec.name == "qwen104m" else [])
+        pairs = {}
+        for prover in provers:
+            judged_by = vals if prover == "cuda-hf-bf16" else vals[:1]
+            n = args.groups if prover == "cuda-hf-bf16" else args.emu_groups
+            pairs.update(honest(spec, n, rng, [prover], judged_by))
+        by_validator = attacks(spec, args.trials, rng, PROVERS["cuda-hf-bf16"], vals, WEIGHT_CHEATS)
+        for v, att in by_validator.items():
+            pairs[f"cuda-hf-bf16/{v}"]["attacks"] = att
+        section["models"][spec.name] = {
+            "description": spec.description,
+            "layers": spec.lm.module.config.num_hidden_layers,
+            "parameters": spec.lm.num_parameters(),
+            "pairs": pairs,
+            "wall_s": round(time.time() - t0, 1),
+        }
+        doc["cross_device"] = section
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    if args.step_timing:
+        section["grpo_step_qwen104m"] = steps()
+    doc["cross_device"] = section
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in section.items() if k != "models"}))
 
 
 if __name__ == "__main__":

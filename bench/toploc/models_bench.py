@@ -94,6 +94,17 @@ def family(layers: int) -> CausalLM:
     return CausalLM(init_tiny_model(7, **arch), build_tokenizer())
 
 
+QWEN104M = dict(
+    hidden_size=768,
+    intermediate_size=3072,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    max_position_embeddings=256,
+)
+"""The 104M Qwen2 (seed 1) whose honest H100-against-CPU noise the device emulator was tuned to."""
+
+
 def byte_prompt(rng: random.Random) -> list[int]:
     return [1] + [rng.randrange(3, 250) for _ in range(rng.randrange(6, 20))]
 
@@ -134,10 +145,13 @@ def specs(names: list[str], model_dir: Path | None) -> list[Spec]:
             out.append(
                 Spec(name, family(layers), byte_prompt, 4, 64, f"Qwen2 from seed, {layers} layers")
             )
+        elif name == "qwen104m":
+            lm = CausalLM(init_tiny_model(1, **QWEN104M), build_tokenizer())
+            out.append(Spec(name, lm, byte_prompt, 4, 64, "Qwen2 from seed, 104M, 12 layers"))
         elif name == "smollm2":
             lm = load_pretrained(model_dir or smollm2_dir(CACHE))
             out.append(
-                Spec(name, lm, chat_prompt(lm.tokenizer), 2, 160, "SmolLM2-135M-Instruct (GGUF)")
+                Spec(name, lm, chat_prompt(lm.tokenizer), 2, 256, "SmolLM2-135M-Instruct (GGUF)")
             )
     return out
 
@@ -171,6 +185,8 @@ WEIGHT_ATTACKS: dict[str, Callable[[CausalLM], CausalLM]] = {
     "finetuned_neighbour_1pct_rms": lambda lm: perturbed(lm, neighbour(0.01)),
 }
 LIAR = "quantized_int8_declared_from_another_device_class"
+LIAR_CLASS = "cuda-sm80"
+"""The class the liar declares: one no validator of these benches is."""
 MEASURED_WEIGHTS: dict[str, Callable[[CausalLM], CausalLM]] = {
     "fp8_weights": lambda lm: perturbed(lm, fp8),
     "finetuned_neighbour_0.3pct_rms": lambda lm: perturbed(lm, neighbour(0.003)),
@@ -286,6 +302,13 @@ def submission(
     return SubmittedRollout(submission_id=f"sub-{lease.lease_id}", lease=lease, submission=sub)
 
 
+def on_device(lm: CausalLM, device: str) -> CausalLM:
+    """`lm` itself on the CPU, else a copy of it on `device` (each side its own weights)."""
+    if device == "cpu":
+        return lm
+    return CausalLM(copy.deepcopy(lm.module).to(device), lm.tokenizer, lm.source)
+
+
 @dataclass
 class Validator:
     name: str
@@ -293,7 +316,8 @@ class Validator:
     threads: int
     device_class: str
     """Its arithmetic: eager attention computes otherwise than the workers' SDPA, so that
-    validator counts as another class (it never holds work to bit-exactness)."""
+    validator counts as another class (it never holds work to bit-exactness). A validator
+    recomputes on the device its policy's weights are on."""
 
     def judge(self, entries: list[SubmittedRollout]) -> list[tuple[str, Judgement]]:
         torch.set_num_threads(self.threads)
@@ -322,13 +346,23 @@ def validators(lm: CausalLM) -> list[Validator]:
     ]
 
 
+@dataclass(frozen=True)
+class Prover:
+    engine: str
+    precision: str
+    emulated: bool = False
+    """The CPU stand-in for another device class (device_emulator.py)."""
+    device: str = "cpu"
+
+
 PROVERS = {
-    # name: (engine, precision, emulated device class?)
-    "hf-bf16": ("hf", "bf16", False),
-    "hf-fp16": ("hf", "fp16", False),
-    "hf-fp32": ("hf", "fp32", False),
-    "emu-gpu-bf16": ("hf", "bf16", True),
-    "vllm-bf16": ("vllm", "bf16", False),
+    "hf-bf16": Prover("hf", "bf16"),
+    "hf-fp16": Prover("hf", "fp16"),
+    "hf-fp32": Prover("hf", "fp32"),
+    "emu-gpu-bf16": Prover("hf", "bf16", emulated=True),
+    "vllm-bf16": Prover("vllm", "bf16"),
+    # A real GPU (bench/toploc/cross_device.py, on the device machine).
+    "cuda-hf-bf16": Prover("hf", "bf16", device="cuda"),
 }
 DEFAULT_PROVERS = "hf-bf16,hf-fp16,hf-fp32,emu-gpu-bf16"
 
@@ -346,17 +380,29 @@ def _q(xs: list[float]) -> dict[str, float]:
     }
 
 
-def honest(spec: Spec, groups: int, rng: random.Random, provers: list[str]) -> dict:
-    """`groups` honest groups per prover, each judged by every validator."""
-    vals = validators(spec.lm)
+def prover_lm(spec: Spec, prover: Prover) -> tuple[CausalLM, str]:
+    """The prover's copy of the policy and the device class it declares."""
+    lm = emulated(spec.lm, EMU_SPLITS) if prover.emulated else on_device(spec.lm, prover.device)
+    if prover.engine == "vllm":
+        lm = on_disk(lm, spec.name)
+    return lm, "emu-gpu" if prover.emulated else device_class(prover.device)
+
+
+def honest(
+    spec: Spec,
+    groups: int,
+    rng: random.Random,
+    provers: list[str],
+    vals: list[Validator] | None = None,
+) -> dict:
+    """`groups` honest groups per prover, each judged by every validator (by default this
+    machine's two CPU validators)."""
+    vals = vals or validators(spec.lm)
     pairs: dict[str, dict] = {}
     for prover in provers:
-        engine, precision, emu = PROVERS[prover]
-        n = groups
-        lm = emulated(spec.lm, EMU_SPLITS) if emu else spec.lm
-        if engine == "vllm":
-            lm = on_disk(lm, spec.name)
-        device_class = "emu-gpu" if emu else VALIDATOR_CLASS
+        p = PROVERS[prover]
+        engine, precision, n = p.engine, p.precision, groups
+        lm, device_class = prover_lm(spec, p)
         policy = LoadedPolicy(10, "0a" * 32, lm)
         entries: list[SubmittedRollout] = []
         sizes = [1, 2, 3, 5, 8]
@@ -439,14 +485,16 @@ def attack_entries(
     rng: random.Random,
     n: int,
     engine: str,
+    worker_class: str = VALIDATOR_CLASS,
 ) -> list[SubmittedRollout | tuple[SubmittedRollout, SubmittedRollout]]:
-    """`n` submissions cheating in way `name`, generated on `engine` (the cheater's)."""
+    """`n` submissions cheating in way `name`, generated on `engine` (the cheater's) with the
+    weights of `policy.lm` (on the cheater's device), declaring `worker_class`."""
     out: list = []
     honest_lm = on_disk(policy.lm, spec.name) if engine == "vllm" else policy.lm
     for t in range(n):
         lease, prompt = new_lease(spec, rng)
 
-        claimed = "cuda-sm90" if name == LIAR else VALIDATOR_CLASS
+        claimed = LIAR_CLASS if name == LIAR else worker_class
 
         def sub(
             g: list[Generation],
@@ -532,44 +580,66 @@ def attack_entries(
     return out
 
 
-def attacks(spec: Spec, trials: int, rng: random.Random, engine: str) -> dict:
-    """Every attack, `trials` times, with the cheater generating on `engine`."""
-    v = validators(spec.lm)[0]
-    policy = v.policy
-    res = {}
-    for name in [*REQUIRED, *MEASURED_WEIGHTS]:
+def attacks(
+    spec: Spec,
+    trials: int,
+    rng: random.Random,
+    prover: Prover,
+    vals: list[Validator] | None = None,
+    names: list[str] | None = None,
+) -> dict[str, dict]:
+    """Every attack (or `names`), `trials` times, by a cheater generating as `prover`, judged
+    by each of `vals` (by default this machine's first validator): {validator: {attack: ...}}.
+    Work held by a validator of another class is settled, as in a pool, by a validator of the
+    class the cheater declared, when there is one; `detected` counts final rejections."""
+    vals = vals or validators(spec.lm)[:1]
+    honest_lm, worker_class = prover_lm(spec, prover)
+    policy = LoadedPolicy(10, "0a" * 32, honest_lm)
+    settler = Validator(worker_class, policy, 2, worker_class)
+    res: dict[str, dict] = {v.name: {} for v in vals}
+    for name in names or [*REQUIRED, *MEASURED_WEIGHTS]:
         make = WEIGHT_ATTACKS.get(name) or MEASURED_WEIGHTS.get(name)
-        cheat = make(spec.lm) if make else None
-        if cheat is not None and engine == "vllm":
+        cheat = on_device(make(spec.lm), prover.device) if make else None
+        if cheat is not None and prover.engine == "vllm":
             cheat = on_disk(cheat, f"{spec.name}-{name}")
-        seen: set[str] = set()
-        finals: dict[str, int] = {}
-        ratios, gaps, same = [], [], []
-        for item in attack_entries(spec, name, cheat, policy, rng, trials, engine):
-            if isinstance(item, tuple):  # replay: the original passes, the copy is a duplicate
-                first, copy_ = item
-                seen.add(first.submission.content_hash())
-                final = "reject" if copy_.submission.content_hash() in seen else "accept"
-            else:
-                ((final, j),) = v.judge([item])
-                if j.evidence is not None:
-                    ratios.append(j.evidence.weight_ratio)
-                    gaps.append(j.evidence.max_replay_gap)
-                    if j.evidence.same_class_err is not None:
-                        same.append(j.evidence.same_class_err)
-            finals[final] = finals.get(final, 0) + 1
-        res[name] = {
-            "trials": trials,
-            "detected": finals.get("reject", 0),
-            "held": finals.get("held", 0),
-            "required": name in REQUIRED,
-            "weight_ratio": _q(ratios),
-            "max_replay_gap": _q(gaps),
-            "same_class_err": _q(same),
-        }
-        print(
-            f"  {spec.name} attack {name}: {finals} ratio {_q(ratios)} same {_q(same)}", flush=True
-        )
+        items = attack_entries(spec, name, cheat, policy, rng, trials, prover.engine, worker_class)
+        for v in vals:
+            seen: set[str] = set()
+            finals: dict[str, int] = {}
+            held = 0
+            ratios, gaps, same = [], [], []
+            for item in items:
+                if isinstance(item, tuple):  # replay: the original passes, the copy is a duplicate
+                    first, copy_ = item
+                    seen.add(first.submission.content_hash())
+                    final = "reject" if copy_.submission.content_hash() in seen else "accept"
+                else:
+                    ((final, j),) = v.judge([item])
+                    if final == "held":
+                        held += 1
+                        if item.submission.device_class == settler.device_class:
+                            ((final, _),) = settler.judge([item])
+                    if j.evidence is not None:
+                        ratios.append(j.evidence.weight_ratio)
+                        gaps.append(j.evidence.max_replay_gap)
+                        if j.evidence.same_class_err is not None:
+                            same.append(j.evidence.same_class_err)
+                finals[final] = finals.get(final, 0) + 1
+            res[v.name][name] = {
+                "trials": trials,
+                "detected": finals.get("reject", 0),
+                "held": held,
+                "still_held": finals.get("held", 0),
+                "required": name in REQUIRED,
+                "weight_ratio": _q(ratios),
+                "max_replay_gap": _q(gaps),
+                "same_class_err": _q(same),
+            }
+            print(
+                f"  {spec.name} attack {name} on {v.name}: {finals} (held first {held}) "
+                f"ratio {_q(ratios)} same {_q(same)}",
+                flush=True,
+            )
     return res
 
 
@@ -663,7 +733,9 @@ def main() -> None:
             }
         entry["pairs"].update(pairs)
         write_models(args.out, result)  # the honest half survives a run stopped during attacks
-        att = attacks(spec, args.smollm2_trials if big else args.trials, rng, args.cheat_engine)
+        cheater = PROVERS[f"{args.cheat_engine}-bf16"]
+        trials = args.smollm2_trials if big else args.trials
+        (att,) = attacks(spec, trials, rng, cheater).values()
         entry["pairs"].setdefault(cheat_pair, {"honest": {}, "attacks": {}})["attacks"] = att
         entry["margins"] = margins(
             {k: p for k, p in entry["pairs"].items() if p["honest"]},
