@@ -697,6 +697,9 @@ def main() -> None:
         default="hf-bf16,hf-fp32,emu-gpu-bf16",
         help="SmolLM2's provers (fp16 on a CPU costs 2x bf16 and is measured on the others)",
     )
+    ap.add_argument(
+        "--attacks-only", action="store_true", help="with --merge: redo the attacks alone"
+    )
     ap.add_argument("--cheat-engine", choices=("hf", "vllm"), default="hf")
     ap.add_argument(
         "--merge",
@@ -719,7 +722,7 @@ def main() -> None:
         big = spec.name == "smollm2"
         n = args.smollm2_groups if big else args.groups
         provers = args.smollm2_provers if big and not args.merge else args.provers
-        pairs = honest(spec, n, rng, provers.split(","))
+        pairs = {} if args.attacks_only else honest(spec, n, rng, provers.split(","))
         # Every attack is judged by the first validator; its pair names the cheater's engine.
         cheat_pair = f"{args.cheat_engine}-bf16/{validators(spec.lm)[0].name}"
         entry = result.get(spec.name) if args.merge else None
