@@ -341,6 +341,10 @@ class SubmittedRollout(Versioned):
     lease: Lease
     submission: RolloutSubmission
     received_at: float = Field(default_factory=time.time)
+    audit: bool = False
+    """Set only by a validator, on `rollouts:held`: work it accepted (and attested) from a device
+    class it is not, queued for a spot check by a validator of the declared class, which slashes
+    a cheat and pays nothing twice. The orchestrator never sets it."""
 
 
 # ---------------------------------------------------------------- validator -> trainer / chain

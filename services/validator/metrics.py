@@ -29,3 +29,9 @@ SUSPECTS = Counter(
     "(accept, reject, held for a validator of the worker's device class)",
     ["settled"],
 )
+AUDITS = Counter(
+    "validator_audits_total",
+    "Spot checks of work accepted from another device class: queued here for that class, and "
+    "passed or failed (slashed) when this validator is of it",
+    ["outcome"],
+)

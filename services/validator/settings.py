@@ -31,6 +31,15 @@ class ValidatorSettings(BaseSettings):
         default_factory=Recipe, description="The pool's recipe (PRIME_RECIPE_* variables)."
     )
     device: str = Field("cpu", description="Where the prefill runs: cpu or cuda.")
+    audit_fraction: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Of the work accepted from a device class other than this validator's "
+        "(judged by the fp32 weight ratio alone), the fraction also spot-checked by a validator "
+        "of the declared class: a worker that lies about its class to pass int8 work off as bf16 "
+        "is slashed there with this probability per group.",
+    )
     reward_tolerance: float = Field(1e-6, ge=0, description="Slack on a claimed reward.")
     batch_size: int = Field(16, ge=1, description="Submissions read (and prefilled) per batch.")
     attest_batch_size: int = Field(

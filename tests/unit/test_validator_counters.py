@@ -26,6 +26,8 @@ def test_commit_counts_accepted_units_and_rejections_by_reason(
     validator.r = redis_client
     validator.queue = SimpleNamespace(key="validator:1:chain_queue")
     validator.counts = defaultdict(int)
+    validator.device_class = "cpu"  # the submissions' own class: no spot checks
+    validator.s = SimpleNamespace(audit_fraction=1.0)
     batch = []
     reasons = (None, None, "bad_proof", "stale_policy", "bad_proof", "held_for_recheck")
     for n, reason in enumerate(reasons):

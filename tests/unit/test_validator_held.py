@@ -4,6 +4,7 @@ validator of that class settles it from `rollouts:held`: slashing a cheat, payin
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections import defaultdict
@@ -11,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import redis
+import torch
 
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
@@ -62,16 +64,25 @@ def lease(n: int) -> Lease:
     )
 
 
-def work(policy: LoadedPolicy, n: int, cheat: bool, device_class: str) -> SubmittedRollout:
-    """An answer to lease n, declared from `device_class`; a cheat samples with another seed."""
+def work(
+    policy: LoadedPolicy,
+    n: int,
+    cheat: bool,
+    device_class: str,
+    weights: LoadedPolicy | None = None,
+) -> SubmittedRollout:
+    """An answer to lease n, declared from `device_class`; a cheat samples with another seed,
+    or (`weights`) generates and proves with other weights."""
     leased = lease(n)
     sampled = leased.model_copy(update={"seed": leased.seed + 1}) if cheat else leased
-    sub = answer_lease(policy, sampled, HFBackend("bf16"))
+    sub = answer_lease(weights or policy, sampled, HFBackend("bf16"))
     sub = sub.model_copy(update={"device_class": device_class})
     return SubmittedRollout(submission_id=f"s-{n}", lease=leased, submission=sub)
 
 
-def validator(r: redis.Redis, policy: LoadedPolicy, device_class: str) -> Validator:
+def validator(
+    r: redis.Redis, policy: LoadedPolicy, device_class: str, audit_fraction: float = 0.0
+) -> Validator:
     """The validator's loop with everything but its chain client and policy downloads."""
     v = Validator.__new__(Validator)
     v.r = r
@@ -79,6 +90,7 @@ def validator(r: redis.Redis, policy: LoadedPolicy, device_class: str) -> Valida
         recipe=SimpleNamespace(async_level=2, length_reward=LengthReward()),
         relays=["http://relay"],
         reward_tolerance=1e-6,
+        audit_fraction=audit_fraction,
     )
     v.reader = GroupReader(
         r, streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, device_class, SubmittedRollout
@@ -159,3 +171,66 @@ def test_honest_held_work_is_paid_in_full_when_its_class_clears_it(
     (attest,) = map(json.loads, chain_actions(redis_client))
     units = sum(len(c.token_ids) for c in honest.submission.completions)
     assert attest["kind"] == "attest" and attest["units"] == units
+
+
+def neighbour(policy: LoadedPolicy, rel: float) -> LoadedPolicy:
+    """`policy` with every weight matrix moved by Gaussian noise of `rel` x its RMS: cheaper
+    work that only a recomputation in the worker's own arithmetic tells apart."""
+    module = copy.deepcopy(policy.lm.module)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.ndim >= 2:
+                p.add_(rel * p.float().pow(2).mean().sqrt() * torch.randn(p.shape, generator=gen))
+    return LoadedPolicy(
+        policy.version, policy.model_hash, CausalLM(module.eval(), policy.lm.tokenizer)
+    )
+
+
+def test_work_accepted_from_another_class_is_spot_checked_by_that_class(
+    redis_client: redis.Redis, policy: LoadedPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that declares a class no validator here is (so that only the fp32 weight
+    ratio judges it) passes a 1 %-RMS neighbour off as the policy. The CPU validator's ratio
+    band is widened to let it through, as int8 gets through on shallow models; the spot check
+    by a validator of the declared class slashes it. Honest work passes the same spot check
+    and is attested once."""
+    announce = PolicyAnnouncement(version=0, step=0, model_hash="h", manifest_path="v0/m")
+    redis_client.xadd(streams.POLICY_ANNOUNCEMENTS, streams.encode(announce))
+    liar = work(policy, 5, False, GPU, weights=neighbour(policy, 0.01))
+    honest = work(policy, 6, False, GPU)
+    for msg in (liar, honest):
+        redis_client.xadd(streams.ROLLOUTS_SUBMITTED, streams.encode(msg))
+    real = calibration.ACCEPTANCE
+    blind = real.model_copy(update={"weight_ratio": Band(accept_at_most=1e9, reject_from=1e10)})
+    monkeypatch.setattr(calibration, "ACCEPTANCE", blind)
+    cpu = validator(redis_client, policy, "cpu-x86_64", audit_fraction=1.0)
+    cpu.validate_batch(cpu.reader.read(10, block_ms=100))
+    assert redis_client.xlen(streams.ROLLOUTS_VERIFIED) == 2 and not verdicts(redis_client)
+    audits = [
+        streams.decode(SubmittedRollout, f) for _, f in redis_client.xrange(streams.ROLLOUTS_HELD)
+    ]
+    assert [a.audit for a in audits] == [True, True]
+    assert all(json.loads(a)["kind"] == "attest" for a in chain_actions(redis_client))
+
+    monkeypatch.setattr(calibration, "ACCEPTANCE", real)
+    gpu = validator(redis_client, policy, GPU, audit_fraction=1.0)
+    gpu.validate_batch(gpu.held_reader.read(10, block_ms=None), held=True)
+    (failed,) = verdicts(redis_client)
+    assert failed.submission_id == liar.submission_id and not failed.accepted
+    actions = [json.loads(a) for a in chain_actions(redis_client)]
+    assert [a["kind"] for a in actions] == ["attest", "attest", "slash"]
+    # Nothing is attested twice, and an audit is never queued again.
+    assert redis_client.xlen(streams.ROLLOUTS_VERIFIED) == 2
+    assert redis_client.xlen(streams.ROLLOUTS_HELD) == 2
+    assert redis_client.xpending(gpu.held_reader.stream, gpu.held_reader.group)["pending"] == 0
+
+
+def test_same_class_work_is_never_audited(redis_client: redis.Redis, policy: LoadedPolicy) -> None:
+    announce = PolicyAnnouncement(version=0, step=0, model_hash="h", manifest_path="v0/m")
+    redis_client.xadd(streams.POLICY_ANNOUNCEMENTS, streams.encode(announce))
+    redis_client.xadd(streams.ROLLOUTS_SUBMITTED, streams.encode(work(policy, 7, False, GPU)))
+    gpu = validator(redis_client, policy, GPU, audit_fraction=1.0)
+    gpu.validate_batch(gpu.reader.read(10, block_ms=100))
+    assert redis_client.xlen(streams.ROLLOUTS_VERIFIED) == 1
+    assert redis_client.xlen(streams.ROLLOUTS_HELD) == 0
