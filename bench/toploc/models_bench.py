@@ -727,13 +727,12 @@ def main() -> None:
         cheat_pair = f"{args.cheat_engine}-bf16/{validators(spec.lm)[0].name}"
         entry = result.get(spec.name) if args.merge else None
         if entry is None:
-            entry = result[spec.name] = {
-                "description": spec.description,
-                "layers": spec.lm.module.config.num_hidden_layers,
-                "parameters": spec.lm.num_parameters(),
-                "pairs": {},
-                "wall_s": 0.0,
-            }
+            entry = result[spec.name] = {"pairs": {}}
+        entry.update(
+            description=spec.description,
+            layers=spec.lm.module.config.num_hidden_layers,
+            parameters=spec.lm.num_parameters(),
+        )
         entry["pairs"].update(pairs)
         write_models(args.out, result)  # the honest half survives a run stopped during attacks
         cheater = PROVERS[f"{args.cheat_engine}-bf16"]
@@ -744,7 +743,7 @@ def main() -> None:
             {k: p for k, p in entry["pairs"].items() if p["honest"]},
             [p["attacks"] for p in entry["pairs"].values() if p["attacks"]],
         )
-        entry["wall_s"] = round(entry["wall_s"] + time.time() - t0, 1)
+        entry["wall_s"] = round(entry.get("wall_s", 0.0) + time.time() - t0, 1)
         write_models(args.out, result)
     honest_pairs = [p["honest"] for m in result.values() for p in m["pairs"].values()]
     total = sum(h.get("groups", 0) for h in honest_pairs)
