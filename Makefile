@@ -118,9 +118,12 @@ $(TOPLOC_REF)/.installed:
 bench-toploc: setup $(TOPLOC_REF)/.installed
 	$(PY) bench/toploc_bench.py
 	$(PY) bench/toploc/models_bench.py
-	@# vLLM provers and cheaters in a process of their own (vLLM patches torch's thread count away).
-	$(PY) bench/toploc/models_bench.py --provers vllm-bf16 --cheat-engine vllm --merge \
-		--groups 40 --smollm2-groups 20 --trials 3 --smollm2-trials 2
+	@# vLLM provers and cheaters in processes of their own (vLLM patches torch's thread count
+	@# away), one per model: its engine reloads weights in place only within one architecture.
+	for m in tiny depth2 depth8 depth30 smollm2; do \
+		$(PY) bench/toploc/models_bench.py --models $$m --provers vllm-bf16 --cheat-engine vllm \
+			--merge --groups 40 --smollm2-groups 20 --trials 3 --smollm2-trials 2 || exit 1; \
+	done
 
 # 100 simulated workers in 4 client processes, every request EIP-191 signed, against one
 # orchestrator process with real redis-server and anvil (ledger deployed, workers staked):

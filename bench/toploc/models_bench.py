@@ -223,7 +223,8 @@ def new_lease(spec: Spec, rng: random.Random) -> tuple[Lease, list[int]]:
     return lease, spec.prompts(rng)
 
 
-_VLLM: list = []  # one vLLM engine per process, reloaded in place for every model directory
+_VLLM: list = []  # one vLLM engine per process, reloaded in place for every directory of one
+# architecture (a model of another shape fails the reload: one process per model, as the Makefile)
 
 
 def backend(engine: str, precision: str):  # noqa: ANN201
