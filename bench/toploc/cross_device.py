@@ -38,10 +38,8 @@ from models_bench import (  # noqa: E402
     QWEN104M,
     REPO,
     WEIGHT_ATTACKS,
-    LoadedPolicy,
     Validator,
     attacks,
-    device_class,
     honest,
     on_device,
     specs,
@@ -49,8 +47,9 @@ from models_bench import (  # noqa: E402
 
 from prime_swarm.libs.model.build import init_tiny_model  # noqa: E402
 from prime_swarm.libs.model.causal_lm import CausalLM  # noqa: E402
-from prime_swarm.libs.model.hardware import detect  # noqa: E402
+from prime_swarm.libs.model.hardware import detect, device_class  # noqa: E402
 from prime_swarm.libs.model.tokenizer import build_tokenizer  # noqa: E402
+from prime_swarm.libs.policy.store import LoadedPolicy  # noqa: E402
 from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, make_optimizer  # noqa: E402
 
 WEIGHT_CHEATS = [*WEIGHT_ATTACKS, *(k for k in MEASURED_WEIGHTS if k != LIAR)]

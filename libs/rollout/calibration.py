@@ -112,6 +112,9 @@ ACCEPTANCE = Acceptance(
     # another seed by 9.4 and more at depth 2 (models_bench). A token within 1.0 of the seeded
     # choice passes: a near-tie that honest noise could flip too (a peaked model sampled with
     # another seed changes few tokens, and each such token shows up only at its own position).
+    # The cost: on the warm-started 2-layer tiny model, 2 of 10 seed-ignoring trials flipped only
+    # near-ties (gap 0.37 at the least) and passed; one token's worst gap cannot tell those from
+    # honest noise, a count of flipped tokens could.
     replay_gap=Band(accept_at_most=1.0, reject_from=6.0),
     # Honest work on the validator's own class agrees bit for bit (same-class error 0.0 in every
     # honest group; the proof prefill forwards each sequence alone). int8 sits at 0.73-1.42 ulp
