@@ -306,6 +306,7 @@ def distribution(evs: list[list[verify.CompletionEvidence]]) -> dict[str, dict[s
     chunks = [st for group in evs for ev in group for st in ev.proof.chunks]
     values = {name: np.array([getattr(st, name) for st in chunks], dtype=float) for name in STATS}
     values["replay_gap"] = np.array([ev.max_replay_gap for g in evs for ev in g], dtype=float)
+    values["replay_z"] = np.array([ev.max_replay_z for g in evs for ev in g], dtype=float)
     values["group_mant_err_mean"] = np.array(
         [pooled_mant_err_mean([ev.proof for ev in g]) for g in evs], dtype=float
     )
@@ -330,7 +331,8 @@ def limits(a: Acceptance) -> dict[str, float]:
         "sign_mismatches": float(t.max_sign_mismatches),
         "mant_err_mean": t.max_mant_err_mean,
         "mant_err_median": t.max_mant_err_median,
-        "replay_gap": a.replay_gap.accept_at_most,
+        "replay_gap": a.max_replay_gap,
+        "replay_z": a.replay_z.accept_at_most,
     }
 
 

@@ -130,17 +130,22 @@ class CausalLM:
         low-precision head is cached until the weights change.
         """
         head = self.module.get_output_embeddings()
-        weight = head.weight
-        if weight.dtype != torch.float32:
-            key = (weight.data_ptr(), weight._version)
-            if self._head_fp32 is None or self._head_fp32[0] != key:
-                self._head_fp32 = (key, weight.detach().float())
-            weight = self._head_fp32[1]
         bias = head.bias.float() if getattr(head, "bias", None) is not None else None
-        logits = torch.nn.functional.linear(hidden.float(), weight, bias)
+        logits = torch.nn.functional.linear(hidden.float(), self.head_weight(), bias)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
+
+    def head_weight(self) -> torch.Tensor:
+        """[V, C] the LM head's weight in fp32 (a low-precision head's copy is cached until the
+        weights change)."""
+        weight = self.module.get_output_embeddings().weight
+        if weight.dtype == torch.float32:
+            return weight.detach()
+        key = (weight.data_ptr(), weight._version)
+        if self._head_fp32 is None or self._head_fp32[0] != key:
+            self._head_fp32 = (key, weight.detach().float())
+        return self._head_fp32[1]
 
     def cast(self, precision: str) -> CausalLM:
         """This model computing in `precision`: itself, or a cached copy made now.

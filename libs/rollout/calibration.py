@@ -62,6 +62,11 @@ class Recheck(BaseModel):
         description="Largest replay gap (tempered-logit units) against a KV-cached decode of the "
         "claimed tokens in the declared precision.",
     )
+    max_replay_z: float = Field(
+        gt=0,
+        description="Largest replay gap against that decode in units of the honest noise at its "
+        "position (verify.replay_z).",
+    )
 
 
 class Acceptance(BaseModel):
@@ -81,9 +86,19 @@ class Acceptance(BaseModel):
         description="Smallest noise scale the ratio divides by: an fp32 worker's honest error is "
         "about 0, and a bf16 worker declaring fp32 must not divide by 0.",
     )
-    replay_gap: Band = Field(
-        description="Largest replay gap in the group (tempered-logit units): the seeded choice "
-        "under the reference logits trails the submitted token by this much."
+    replay_z: Band = Field(
+        description="Largest replay gap in the group in units of the honest noise at its "
+        "position (verify.replay_z): a near-tie that rounding can flip scores a few, a token "
+        "the seeded noise did not choose tens and more."
+    )
+    max_replay_gap: float = Field(
+        gt=0,
+        description="Tempered-logit units: a submitted token that trails the seeded choice "
+        "under the reference logits by this much is rejected whatever the noise estimate.",
+    )
+    replay_noise_floor: float = Field(
+        gt=0,
+        description="Smallest noise scale (tempered-logit units) a replay gap is divided by.",
     )
     recheck: Recheck
 
@@ -107,19 +122,23 @@ ACCEPTANCE = Acceptance(
     # bf16 ulp). bf16's own noise is 0.3 ulp and more at every depth measured, so 0.1 binds only
     # for fp16 and fp32, where a bf16 worker declaring fp32 still lands at 3x and more.
     noise_floor_ulp=0.1,
-    # Honest worst gap against the fp32 reference: 0.48 (tiny), 0.36 (SmolLM2, 160-token
-    # completions), 0.009 (depth 2); a tampered token trails by 4.3 and more, sampling with
-    # another seed by 9.4 and more at depth 2 (models_bench). A token within 1.0 of the seeded
-    # choice passes: a near-tie that honest noise could flip too (a peaked model sampled with
-    # another seed changes few tokens, and each such token shows up only at its own position).
-    # The cost: on the warm-started 2-layer tiny model, 2 of 10 seed-ignoring trials flipped only
-    # near-ties (gap 0.37 at the least) and passed; one token's worst gap cannot tell those from
-    # honest noise, a count of flipped tokens could.
-    replay_gap=Band(accept_at_most=1.0, reject_from=6.0),
+    # The sampling replay, measured by bench/toploc/models_bench.py (`margins.replay_z`): every
+    # honest flip is a near-tie within the noise at its position, at most REPLAY_HONEST_MAX_Z
+    # times it over every model and pair; sampling that ignores the seed flips tokens at 9x and
+    # more, mostly at hundreds. An absolute limit could not tell them apart: on the tiny
+    # model's peaked distributions a seed-ignoring cheat flipped only tokens 0.37 apart while
+    # honest noise reached 0.48 elsewhere (the former band, accept up to 1.0, let 2 of 10
+    # through). Between the bands a group is a suspect for the second opinion.
+    replay_z=Band(accept_at_most=20.0, reject_from=80.0),
+    # Honest worst absolute gap 0.48 (tiny), 0.45 (SmolLM2, emulated GPU); a tampered token
+    # trails by 4.3 and more, sampling with another seed by up to 11: from 6 it is rejected
+    # whatever the noise estimate says.
+    max_replay_gap=6.0,
+    replay_noise_floor=1e-3,
     # Honest work on the validator's own class agrees bit for bit (same-class error 0.0 in every
     # honest group; the proof prefill forwards each sequence alone). int8 sits at 0.73-1.42 ulp
     # (tiny, depth 2), a 0.3 %-RMS neighbour at 0.67 and more: 0.3 leaves room both ways.
-    recheck=Recheck(max_group_mant_err=0.3, max_replay_gap=0.5),
+    recheck=Recheck(max_group_mant_err=0.3, max_replay_gap=0.5, max_replay_z=20.0),
 )
 
 ENGINES = ("hf", "vllm")

@@ -43,33 +43,76 @@ from .recompute import Recomputed, decode_logits, recompute
 
 
 # --------------------------------------------------------------------------- recomputation
+@dataclass
+class Replay:
+    """The seeded sampling replayed against some logits, at every position."""
+
+    gaps: torch.Tensor
+    """Best perturbed score minus the submitted token's (0 when the submitted token is the
+    seeded choice); in tempered-logit units."""
+    seeded: torch.Tensor
+    """The token the seeded noise chooses under these logits."""
+
+
 def replay_gaps(
     logits: torch.Tensor, token_ids: Sequence[int], temperature: float, seed: int, sample: int
 ) -> torch.Tensor:
-    """Per position: best perturbed score minus the submitted token's (0 when it is the argmax).
+    """Per position of one completion: how far the submitted token trails the seeded choice.
 
     An honest token's gap is 0 up to near-ties that decode and prefill noise can flip; a token
     the seeded noise did not choose trails by O(1).
     """
     tokens = torch.as_tensor(list(token_ids), dtype=torch.long, device=logits.device)
-    return row_gaps(logits, tokens, temperature, [(seed, sample, k) for k in range(len(tokens))])
+    return replay(logits, tokens, temperature, [(seed, sample, k) for k in range(len(tokens))]).gaps
 
 
-def row_gaps(
+def replay(
     logits: torch.Tensor,
     tokens: torch.Tensor,
     temperature: float,
     rows: Sequence[tuple[int, int, int]],
-) -> torch.Tensor:
-    """`replay_gaps` for positions of any completions at once: logits [N, V], tokens [N], and
-    each position's noise row (seed, sample, position)."""
+) -> Replay:
+    """The replay of positions of any completions at once: logits [N, V], tokens [N], and each
+    position's noise row (seed, sample, position)."""
     if temperature > 0:
         scores = perturbed_scores(
             logits, temperature, gumbel_rows(list(rows), logits.shape[-1], logits.device)
         )
     else:
         scores = logits.float()
-    return scores.max(dim=-1).values - scores.gather(-1, tokens[:, None]).squeeze(-1)
+    best = scores.max(dim=-1)
+    return Replay(best.values - scores.gather(-1, tokens[:, None]).squeeze(-1), best.indices)
+
+
+def replay_z(
+    lm: CausalLM,
+    played: Replay,
+    tokens: torch.Tensor,
+    noise: torch.Tensor,
+    temperature: float,
+    floor: float,
+) -> torch.Tensor:
+    """Each position's gap in units of the honest noise on it (0 where there is no gap).
+
+    A hidden-state rounding error d moves the seeded choice a's score against the submitted
+    token b's by (w_a - w_b) . d / T (w: LM head rows); for an error of norm |d| in no particular
+    direction that is about |w_a - w_b| |d| / sqrt(C). `noise` is |d| at each position, from
+    the validator's own recomputation in the declared precision. An honest flip is a near-tie
+    inside that noise (z of a few); a token the seeded noise did not choose trails by tens to
+    thousands of it even where its gap is small in logits (bench/results/toploc.json)."""
+    w = lm.head_weight()
+    spread = (w[played.seeded] - w[tokens]).norm(dim=-1)
+    scale = spread * noise.to(spread.device) / w.shape[1] ** 0.5
+    z = played.gaps / (scale / (temperature if temperature > 0 else 1.0)).clamp_min(floor)
+    return torch.where(played.gaps > 0, z, torch.zeros_like(z))
+
+
+def hidden_noise(recs: Sequence[Recomputed]) -> torch.Tensor:
+    """[N] the norm of the validator's declared-precision error at each position of a group,
+    raised to the group's RMS: a position whose own rounding happened to be small says little
+    about the worker's."""
+    per = torch.cat([(r.declared.float() - r.reference).norm(dim=-1) for r in recs])
+    return per.clamp_min(float(per.pow(2).mean().sqrt()))
 
 
 def termination_ok(
@@ -144,8 +187,10 @@ def check_proofs(
 class CompletionEvidence:
     proof: VerifyResult
     max_replay_gap: float
+    max_replay_z: float
+    """The largest gap in units of the honest noise at its position (`replay_z`)."""
     first_bad_position: int | None
-    """The first token whose replay gap reaches the reject band (None: none does)."""
+    """The first token whose replay is a reject (None: none is)."""
     reward: RewardParts
     logprobs: list[float]
 
@@ -169,6 +214,10 @@ class GroupEvidence:
     @property
     def max_replay_gap(self) -> float:
         return max(ev.max_replay_gap for ev in self.completions)
+
+    @property
+    def max_replay_z(self) -> float:
+        return max(ev.max_replay_z for ev in self.completions)
 
 
 @torch.no_grad()
@@ -200,9 +249,13 @@ def measure_group(
     )
     logits = lm.head_logits(torch.cat([r.reference for r in recs]).to(lm.device))
     rows = [(lease.seed, i, k) for i, n in enumerate(lengths) for k in range(n)]
-    gaps = row_gaps(logits, tokens, temperature, rows).cpu()
+    played = replay(logits, tokens, temperature, rows)
+    zs = replay_z(
+        lm, played, tokens, hidden_noise(recs), temperature, acceptance.replay_noise_floor
+    ).cpu()
+    gaps = played.gaps.cpu()
     logprobs = token_logprobs(logits, tokens, temperature).cpu()
-    bad = gaps >= acceptance.replay_gap.reject_from
+    bad = (gaps >= acceptance.max_replay_gap) | (zs >= acceptance.replay_z.reject_from)
     out = []
     at = 0
     for c, proof, n in zip(sub.completions, proofs, lengths, strict=True):
@@ -213,6 +266,7 @@ def measure_group(
             CompletionEvidence(
                 proof=proof,
                 max_replay_gap=float(gaps[mine].max()),
+                max_replay_z=float(zs[mine].max()),
                 first_bad_position=int(bad_at[0, 0]) if len(bad_at) else None,
                 reward=score(
                     env.reward(task, decode(lm.tokenizer, c.token_ids)),
@@ -271,9 +325,18 @@ def judge_group(
     the two noisy statistics against their bands: the weight ratio and the replay gap."""
     entry, policy = work.entry, work.policy
     sub, lease = entry.submission, entry.lease
+    mantissa_why: Refusal | None = None
     for i, ev in enumerate(evidence.completions):
-        if not ev.proof.ok:
+        if ev.proof.ok:
+            continue
+        chunks = ev.proof.chunks
+        if not chunks or any(st.structural_failure(acceptance.gross) for st in chunks):
             return _rejected(evidence, "bad_proof", f"completion {i}: {ev.proof.reason}")
+        # Exponents and signs agree, only the per-chunk mantissa error is over: one chunk of a
+        # short completion is noisy (an honest 1-token completion of the 2-layer tiny model,
+        # whose 128 hidden dimensions are all top-k points, near-zero ones included, reached
+        # 10.47 against the limit 10). A suspect for the second opinion, never a slash.
+        mantissa_why = mantissa_why or Refusal("bad_proof", f"completion {i}: {ev.proof.reason}")
     out: list[VerifiedCompletion] = []
     for i, (c, ev) in enumerate(zip(sub.completions, evidence.completions, strict=True)):
         if not termination_ok(
@@ -301,14 +364,13 @@ def judge_group(
                 length_reward=ev.reward.length,
             )
         )
-    ratio, gap = evidence.weight_ratio, evidence.max_replay_gap
+    ratio = evidence.weight_ratio
     weights = acceptance.weight_ratio.outcome(ratio)
     if weights == "reject" and evidence.same_class_err is None:
         # The ratio's honest spread depends on the worker's device class; from a class other
         # than the validator's it is one noisy opinion (the 2-layer model's emulated-GPU work
         # reached 2.73), so it makes a suspect for that class to settle, never a slash.
         weights = "suspect"
-    sampling = acceptance.replay_gap.outcome(gap)
     weights_why = Refusal(
         "bad_proof",
         f"weight ratio {ratio:.3f} (proof error {evidence.worker_err:.3f} ulp against the fp32 "
@@ -316,15 +378,22 @@ def judge_group(
         f"{acceptance.weight_ratio.accept_at_most}, rejected from "
         f"{acceptance.weight_ratio.reject_from}: not the claimed weights",
     )
-    worst = max(evidence.completions, key=lambda ev: ev.max_replay_gap)
+    worst = max(evidence.completions, key=lambda ev: (ev.max_replay_z, ev.max_replay_gap))
     at = evidence.completions.index(worst)
+    gap, z = evidence.max_replay_gap, evidence.max_replay_z
+    sampling = acceptance.replay_z.outcome(z)
+    if gap >= acceptance.max_replay_gap:
+        sampling = "reject"
+    band = acceptance.replay_z
     sampling_why = Refusal(
         "sampling_mismatch",
-        f"completion {at}: a token trails the seeded choice by {gap:.3f} (accepted up to "
-        f"{acceptance.replay_gap.accept_at_most}, rejected from "
-        f"{acceptance.replay_gap.reject_from}"
+        f"completion {at}: its tokens trail the seeded choice by up to "
+        f"{worst.max_replay_gap:.3f}, up to {worst.max_replay_z:.1f} times the honest noise at "
+        f"their position (accepted up to "
+        f"{band.accept_at_most}, rejected from {band.reject_from}; any gap from "
+        f"{acceptance.max_replay_gap} is rejected"
         + (
-            f", first at token {worst.first_bad_position})"
+            f"; first at token {worst.first_bad_position})"
             if worst.first_bad_position is not None
             else ")"
         ),
@@ -334,6 +403,8 @@ def judge_group(
             return Judgement(outcome, evidence, weights_why, out)
         if sampling == outcome:
             return Judgement(outcome, evidence, sampling_why, out)
+    if mantissa_why is not None:
+        return Judgement("suspect", evidence, mantissa_why, out)
     same = evidence.same_class_err
     if same is not None and not same <= acceptance.recheck.max_group_mant_err:
         # One noisy opinion never slashes: the second opinion recomputes it the worker's way.
@@ -371,14 +442,30 @@ def second_opinion(
     logits = decode_logits(
         policy.lm, sub.prompt_token_ids, [c.token_ids for c in sub.completions], sub.precision
     )
-    for i, (c, lg) in enumerate(zip(sub.completions, logits, strict=True)):
-        gaps = replay_gaps(lg, c.token_ids, lease.sampling.temperature, lease.seed, i)
-        worst = float(gaps.max())
-        if not worst <= limits.max_replay_gap:
+    temperature = lease.sampling.temperature
+    lengths = [len(c.token_ids) for c in sub.completions]
+    device = policy.lm.device
+    tokens = torch.as_tensor(
+        [t for c in sub.completions for t in c.token_ids], dtype=torch.long, device=device
+    )
+    rows = [(lease.seed, i, k) for i, n in enumerate(lengths) for k in range(n)]
+    played = replay(torch.cat(list(logits)).to(device), tokens, temperature, rows)
+    zs = replay_z(
+        policy.lm.cast("fp32"),
+        played,
+        tokens,
+        hidden_noise(recs),
+        temperature,
+        acceptance.replay_noise_floor,
+    )
+    for i, part in enumerate(zip(played.gaps.split(lengths), zs.split(lengths), strict=True)):
+        gap, z = float(part[0].max()), float(part[1].max())
+        if not (gap <= limits.max_replay_gap and z <= limits.max_replay_z):
             return Refusal(
                 "sampling_mismatch",
                 f"recheck with a {sub.precision} decode: completion {i} trails the seeded "
-                f"choice by {worst:.3f} > {limits.max_replay_gap}",
+                f"choice by {gap:.3f}, {z:.1f} times the honest noise (at most "
+                f"{limits.max_replay_gap} and {limits.max_replay_z})",
             )
     return None
 

@@ -20,7 +20,8 @@ from prime_swarm.libs.rollout import calibration
 from prime_swarm.libs.rollout.admission import Refusal
 from prime_swarm.libs.rollout.answer import answer_lease
 from prime_swarm.libs.rollout.calibration import Band
-from prime_swarm.libs.rollout.noise import gumbel_noise
+from prime_swarm.libs.rollout.noise import gumbel_noise, gumbel_rows, perturbed_scores
+from prime_swarm.libs.rollout.recompute import prefill_hidden, recompute
 from prime_swarm.libs.rollout.verify import Judgement, Work, settle, verify_batch
 from prime_swarm.libs.toploc import build_proof, group_contexts
 from prime_swarm.protocol.messages import Lease, SamplingParams, SubmittedRollout
@@ -98,7 +99,8 @@ def suspicious(monkeypatch: pytest.MonkeyPatch) -> None:
     tight = calibration.ACCEPTANCE.model_copy(
         update={
             "weight_ratio": Band(accept_at_most=0.0, reject_from=50.0),
-            "replay_gap": Band(accept_at_most=0.0, reject_from=50.0),
+            "replay_z": Band(accept_at_most=0.0, reject_from=1e9),
+            "max_replay_gap": 1e9,
         }
     )
     monkeypatch.setattr(calibration, "ACCEPTANCE", tight)
@@ -110,8 +112,6 @@ def tampered(policy: LoadedPolicy, entry: SubmittedRollout) -> SubmittedRollout:
     sub = entry.submission
     tokens = list(sub.completions[0].token_ids)
     tokens[0] = int(gumbel_noise(entry.lease.seed, 0, 0, 256).argmin())
-    from prime_swarm.libs.rollout.recompute import prefill_hidden
-
     (hidden,) = prefill_hidden(policy.lm, [(sub.prompt_token_ids, tokens)], "bf16")
     ctx = group_contexts(
         policy.model_hash,
@@ -162,3 +162,86 @@ def test_at_real_limits_the_tampered_token_is_rejected_outright(
     (bad,) = verify_batch([Work(tampered(policy, honest), policy)])
     assert bad.outcome == "reject" and bad.refusal is not None
     assert bad.refusal.reason == "sampling_mismatch" and "token 0" in bad.refusal.detail
+
+
+def runner_up(policy: LoadedPolicy, entry: SubmittedRollout) -> tuple[SubmittedRollout, float]:
+    """The cheapest-looking sampling cheat: one completion's last token swapped for the
+    seeded noise's runner-up under the reference logits (a near-tie, chosen where it trails
+    least), proof rebuilt; and how far it trails, in tempered logits."""
+    sub, lease = entry.submission, entry.lease
+    recs = recompute(policy.lm, Work(entry, policy).pairs(), "bf16")
+    best: tuple[float, int, int] | None = None
+    for i, (c, rec) in enumerate(zip(sub.completions, recs, strict=True)):
+        k = len(c.token_ids) - 1
+        logits = policy.lm.cast("fp32").head_logits(rec.reference[k : k + 1])
+        scores = perturbed_scores(logits, 1.0, gumbel_rows([(lease.seed, i, k)], logits.shape[-1]))
+        top = scores[0].topk(2)
+        gap = float(top.values[0] - top.values[1])
+        if c.finish_reason == "length" and (best is None or gap < best[0]):
+            best = (gap, i, int(top.indices[1]))
+    assert best is not None
+    gap, i, token = best
+    tokens = [*sub.completions[i].token_ids[:-1], token]
+    (hidden,) = prefill_hidden(policy.lm, [(sub.prompt_token_ids, tokens)], "bf16")
+    ctx = group_contexts(
+        policy.model_hash,
+        lease.lease_id,
+        [tokens if j == i else c.token_ids for j, c in enumerate(sub.completions)],
+    )[i]
+    comps = list(sub.completions)
+    comps[i] = comps[i].model_copy(
+        update={"token_ids": tokens, "proof": build_proof(hidden, ctx), "claimed_reward": None}
+    )
+    return entry.model_copy(
+        update={"submission": sub.model_copy(update={"completions": comps})}
+    ), gap
+
+
+def test_a_near_tie_that_honest_noise_cannot_flip_is_a_sampling_cheat(
+    honest: SubmittedRollout, policy: LoadedPolicy
+) -> None:
+    """Judged in units of the noise at its position, not in logits: a token the seeded noise
+    ranked second, however close, trails by far more than rounding moves it (an absolute limit
+    of 1.0 let such flips through on a peaked model)."""
+    limits = calibration.ACCEPTANCE
+    (ok,) = verify_batch([Work(honest, policy)], device_class=HERE)
+    assert ok.evidence is not None and ok.evidence.max_replay_z <= limits.replay_z.accept_at_most
+    cheat, gap = runner_up(policy, honest)
+    (j,) = verify_batch([Work(cheat, policy)], device_class=HERE)
+    assert j.evidence is not None and j.evidence.max_replay_gap == pytest.approx(gap, abs=1e-3)
+    assert j.evidence.max_replay_z > limits.replay_z.accept_at_most
+    assert settle(j, same_device_class=True) == "reject"
+    why = j.second_opinion or j.refusal
+    assert why is not None and why.reason == "sampling_mismatch"
+
+
+def test_a_proof_over_only_the_mantissa_limits_is_a_suspect_not_a_slash(
+    honest: SubmittedRollout, policy: LoadedPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Exponents and signs agree, only TOPLOC's per-chunk mantissa error is over (an honest
+    1-token chunk of the tiny model reached 10.47 against 10): the second opinion settles it.
+    A proof of other states (exponents differ) is still rejected outright."""
+    strict = calibration.ACCEPTANCE.gross.model_copy(
+        update={"max_mant_err_mean": 0.0, "max_mant_err_median": 0.0}
+    )
+    monkeypatch.setattr(
+        calibration, "ACCEPTANCE", calibration.ACCEPTANCE.model_copy(update={"gross": strict})
+    )
+    (j,) = verify_batch([Work(honest, policy)], device_class=HERE)
+    assert j.outcome == "suspect" and j.refusal is not None and "mantissa" in j.refusal.detail
+    assert j.rechecked and j.second_opinion is None
+    assert settle(j, same_device_class=True) == "accept"
+    sub = honest.submission
+    other = CausalLM(init_tiny_model(2), build_tokenizer())  # other weights' states, same tokens
+    (hidden,) = prefill_hidden(other, [(sub.prompt_token_ids, sub.completions[0].token_ids)])
+    ctx = group_contexts(
+        policy.model_hash, honest.lease.lease_id, [c.token_ids for c in sub.completions]
+    )[0]
+    comps = list(sub.completions)
+    comps[0] = comps[0].model_copy(update={"proof": build_proof(hidden, ctx)})
+    forged = honest.model_copy(
+        update={"submission": honest.submission.model_copy(update={"completions": comps})}
+    )
+    (bad,) = verify_batch([Work(forged, policy)], device_class=HERE)
+    assert bad.outcome == "reject" and bad.refusal is not None
+    assert bad.refusal.reason == "bad_proof" and "exponent" in bad.refusal.detail

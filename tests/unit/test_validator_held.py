@@ -122,7 +122,7 @@ def test_a_suspect_from_another_device_class_is_held_then_settled_by_that_class(
     # Wide suspect bands: the seed cheat is a suspect, not a clear reject, so that what the
     # second opinion may do is what decides.
     wide = calibration.ACCEPTANCE.model_copy(
-        update={"replay_gap": Band(accept_at_most=1.0, reject_from=1e9)}
+        update={"replay_z": Band(accept_at_most=10.0, reject_from=1e9), "max_replay_gap": 1e9}
     )
     monkeypatch.setattr(calibration, "ACCEPTANCE", wide)
     cheat, honest = work(policy, 1, True, GPU), work(policy, 2, False, GPU)
