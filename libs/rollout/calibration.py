@@ -122,13 +122,14 @@ ACCEPTANCE = Acceptance(
     # bf16 ulp). bf16's own noise is 0.3 ulp and more at every depth measured, so 0.1 binds only
     # for fp16 and fp32, where a bf16 worker declaring fp32 still lands at 3x and more.
     noise_floor_ulp=0.1,
-    # The sampling replay, measured by bench/toploc/models_bench.py (`margins.replay_z`): every
-    # honest flip is a near-tie within the noise at its position, at most REPLAY_HONEST_MAX_Z
-    # times it over every model and pair; sampling that ignores the seed flips tokens at 9x and
-    # more, mostly at hundreds. An absolute limit could not tell them apart: on the tiny
-    # model's peaked distributions a seed-ignoring cheat flipped only tokens 0.37 apart while
-    # honest noise reached 0.48 elsewhere (the former band, accept up to 1.0, let 2 of 10
-    # through). Between the bands a group is a suspect for the second opinion.
+    # The sampling replay (bench/toploc/models_bench.py, `margins.replay`, 2026-11-25, this CPU).
+    # Honest flips are near-ties inside the noise at their position: z at most 5.0 (tiny, own
+    # class), 14.9 (tiny, emulated GPU), 2.2 (depth 2), under 1 on SmolLM2, whose 576-wide
+    # hidden state the isotropic estimate overstates. Sampling that ignores the seed: z 269 and
+    # more on the tiny model, 2,866 and more at depth 2. An absolute limit could not tell them
+    # apart: on the tiny model's peaked distributions a seed-ignoring cheat flipped only tokens
+    # 0.37 apart while honest noise reached 0.48 elsewhere (the former band, accept up to 1.0,
+    # let 2 of 10 through). Between the bands a group is a suspect for the second opinion.
     replay_z=Band(accept_at_most=20.0, reject_from=80.0),
     # Honest worst absolute gap 0.48 (tiny), 0.45 (SmolLM2, emulated GPU); a tampered token
     # trails by 4.3 and more, sampling with another seed by up to 11: from 6 it is rejected
