@@ -137,11 +137,11 @@ class CausalLM:
         return logits
 
     def head_weight(self) -> torch.Tensor:
-        """[V, C] the LM head's weight in fp32 (a low-precision head's copy is cached until the
-        weights change)."""
+        """[V, C] the LM head's weight in fp32: the parameter itself (the trainer's gradient flows
+        through it), or a low-precision head's fp32 copy, cached until the weights change."""
         weight = self.module.get_output_embeddings().weight
         if weight.dtype == torch.float32:
-            return weight.detach()
+            return weight
         key = (weight.data_ptr(), weight._version)
         if self._head_fp32 is None or self._head_fp32[0] != key:
             self._head_fp32 = (key, weight.detach().float())

@@ -195,3 +195,13 @@ def test_a_version_with_other_files_takes_the_full_load(model_dir: Path, tmp_pat
         if f.suffix != ".safetensors":
             shutil.copy(f, bigger / f.name)  # the same files, other shapes in the weights
     assert load_weights_like(held, bigger) is None
+
+
+def test_the_sampling_head_trains_with_the_model() -> None:
+    """head_logits is the trainer's head too: the gradient must reach the head's weight (a
+    detached fp32 copy would freeze it, and the held-out reward of `make up` would not rise)."""
+    lm = CausalLM(init_tiny_model(1), build_tokenizer())
+    hidden = torch.randn(3, lm.config.hidden_size)
+    lm.head_logits(hidden).logsumexp(-1).sum().backward()
+    grad = lm.module.get_output_embeddings().weight.grad
+    assert grad is not None and float(grad.abs().sum()) > 0
