@@ -322,7 +322,9 @@ def judge_group(
     work: Work, evidence: GroupEvidence, acceptance: Acceptance, reward_tolerance: float
 ) -> Judgement:
     """Exact checks first (a gross proof failure, termination, reward: rejected outright), then
-    the two noisy statistics against their bands: the weight ratio and the replay gap."""
+    the noisy statistics against their bands: the weight ratio, the replay's z (an absolute
+    replay gap from `max_replay_gap` rejects outright) and, where the worker declared this
+    validator's class, the same-class error."""
     entry, policy = work.entry, work.policy
     sub, lease = entry.submission, entry.lease
     mantissa_why: Refusal | None = None
