@@ -22,8 +22,8 @@ import torch
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.noise import gumbel_rows
 from prime_swarm.libs.model.tokenizer import build_tokenizer
-from prime_swarm.libs.rollout.noise import gumbel_rows
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -29,13 +29,13 @@ from prime_swarm.libs.model.build import build_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.io import load_pretrained
+from prime_swarm.libs.model.logprobs import token_logprobs
 from prime_swarm.libs.model.tokenizer import decode, prompt_ids
 from prime_swarm.libs.rl.defaults import RL, WARM_START
 from prime_swarm.libs.rl.envs import Env, Task, get_env
 from prime_swarm.libs.rl.envs.base import hash_int
 from prime_swarm.libs.rl.evaluate import heldout_reward
 from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, grpo_step, make_optimizer
-from prime_swarm.libs.rl.logprobs import token_logprobs
 from prime_swarm.libs.rl.loss import LossConfig
 from prime_swarm.libs.rl.sft import warm_start
 from prime_swarm.libs.rollout.calibration import acceptance_for

@@ -1,6 +1,6 @@
 """The generation backend interface: what a worker needs from an inference engine.
 
-A backend samples with the pool's seeded Gumbel-max rule (libs/rollout/noise.py), so that a
+A backend samples with the pool's seeded Gumbel-max rule (libs/model/noise.py), so that a
 validator can replay every choice, and returns the tokens with the log-probs it sampled them at.
 Proofs are the rollout contract's (libs/rollout/answer.py proves over one prefill of the chosen
 tokens, the recomputation a validator's second opinion runs). `hf` (transformers, KV cache, CPU

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from prime_swarm.libs.rl.forward import pad_left
-from prime_swarm.libs.rl.logprobs import token_logprobs
-from prime_swarm.libs.rollout.noise import gumbel_rows, perturbed_scores
+from prime_swarm.libs.model.logprobs import token_logprobs
+from prime_swarm.libs.model.noise import gumbel_rows, perturbed_scores
+from prime_swarm.libs.model.padding import pad_left
 
 from .backend import Generation, check_request
 from .causal_lm import CausalLM

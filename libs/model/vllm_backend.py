@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from prime_swarm.libs.rl.logprobs import token_logprobs
-from prime_swarm.libs.rollout.noise import gumbel_rows, perturbed_scores
+from prime_swarm.libs.model.logprobs import token_logprobs
+from prime_swarm.libs.model.noise import gumbel_rows, perturbed_scores
 
 from .backend import Generation, check_request
 from .causal_lm import CausalLM

@@ -15,6 +15,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.logprobs import scale_logits, token_logprobs
 from prime_swarm.libs.rl.advantages import group_advantages
 from prime_swarm.libs.rl.defaults import RL
 from prime_swarm.libs.rl.forward import (
@@ -23,7 +24,6 @@ from prime_swarm.libs.rl.forward import (
     forward_completions,
     forward_completions_packed,
 )
-from prime_swarm.libs.rl.logprobs import scale_logits, token_logprobs
 from prime_swarm.libs.rl.loss import LossConfig, grpo_loss, merge_stats, token_entropy
 
 

@@ -20,10 +20,11 @@ from typing import Literal
 import torch
 
 from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.logprobs import token_logprobs
+from prime_swarm.libs.model.noise import gumbel_rows, perturbed_scores
 from prime_swarm.libs.model.tokenizer import decode, prompt_ids
 from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rl.envs import get_env
-from prime_swarm.libs.rl.logprobs import token_logprobs
 from prime_swarm.libs.rl.reward import LengthReward, RewardParts, score
 from prime_swarm.libs.toploc import (
     ProofContext,
@@ -38,7 +39,6 @@ from prime_swarm.protocol.messages import SubmittedRollout, VerifiedCompletion
 
 from .admission import Refusal
 from .calibration import Acceptance, acceptance_for
-from .noise import gumbel_rows, perturbed_scores
 from .recompute import Recomputed, decode_logits, recompute
 
 

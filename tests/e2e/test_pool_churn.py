@@ -153,7 +153,12 @@ def test_the_run_carries_on_through_a_crash_a_join_and_a_leave(churned) -> None:
     r = net.redis.client()
     verified = [streams.decode(VerifiedRollout, f) for _, f in r.xrange(streams.ROLLOUTS_VERIFIED)]
     by_worker = Counter(v.worker.lower() for v in verified)
-    assert all(by_worker[w.lower()] > 0 for w in net.topo.workers)  # the newcomer's work too
+    # Worker-1 and the newcomer worked through the run: both were credited. Worker-0 was
+    # killed at step 2 and may die before any of its work lands (its 4 s leases can expire
+    # under load while the churn freezes it to catch it holding some); what it held is
+    # checked by the reissue test below.
+    lived = net.topo.workers[1:]
+    assert all(by_worker[w.lower()] > 0 for w in lived), by_worker
     ledger = LedgerClient(net.topo.rpc_url, net.topo.ledger, account=None, timeout=30)
     assert not ledger.is_member(net.topo.pool_id, net.topo.workers[1])
     assert ledger.is_member(net.topo.pool_id, net.topo.workers[2])

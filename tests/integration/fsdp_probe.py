@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_map_only
 
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.logprobs import token_logprobs
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.rl.distributed import (
     DistContext,
@@ -40,7 +41,6 @@ from prime_swarm.libs.rl.grpo import (
     plan_step,
     split_micro_batches,
 )
-from prime_swarm.libs.rl.logprobs import token_logprobs
 
 BOS, EOS = 257, 258
 STEPS = 3

@@ -20,9 +20,9 @@ from prime_swarm.libs.localnet.relay import RelayProcess
 from prime_swarm.libs.model.build import build_tiny_model
 from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.io import load_pretrained
+from prime_swarm.libs.model.logprobs import token_logprobs
 from prime_swarm.libs.model.tokenizer import prompt_ids
 from prime_swarm.libs.rl import checkpoint as ckpt
-from prime_swarm.libs.rl.logprobs import token_logprobs
 from prime_swarm.libs.rollout.recompute import prefill_hidden
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (

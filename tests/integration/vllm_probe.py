@@ -14,8 +14,8 @@ def main(tmp: Path) -> dict:
     from prime_swarm.libs.model.build import build_tiny_model
     from prime_swarm.libs.model.hf_backend import HFBackend
     from prime_swarm.libs.model.io import load_pretrained
+    from prime_swarm.libs.model.logprobs import token_logprobs
     from prime_swarm.libs.model.vllm_backend import _CHOICES, VLLMBackend, VLLMBackendError
-    from prime_swarm.libs.rl.logprobs import token_logprobs
     from prime_swarm.libs.rollout.recompute import prefill_hidden
 
     a = load_pretrained(build_tiny_model(0, tmp / "a"))

@@ -12,10 +12,10 @@ from prime_swarm.libs.model.backend import Generation, make_backend
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hf_backend import HFBackend
+from prime_swarm.libs.model.logprobs import token_logprobs
+from prime_swarm.libs.model.noise import gumbel_noise, gumbel_rows
 from prime_swarm.libs.model.tokenizer import build_tokenizer, prompt_ids
-from prime_swarm.libs.rl.logprobs import token_logprobs
 from prime_swarm.libs.rollout.calibration import acceptance_for
-from prime_swarm.libs.rollout.noise import gumbel_noise, gumbel_rows
 from prime_swarm.libs.rollout.recompute import decode_logits, prefill_hidden, recompute
 from prime_swarm.libs.rollout.verify import replay_gaps, termination_ok
 

@@ -9,6 +9,7 @@ import torch
 
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.logprobs import token_logprobs
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.rl.forward import (
     forward_completions,
@@ -22,7 +23,6 @@ from prime_swarm.libs.rl.grpo import (
     grpo_step,
     packed_micro_batches,
 )
-from prime_swarm.libs.rl.logprobs import token_logprobs
 
 BOS, EOS = 257, 258
 

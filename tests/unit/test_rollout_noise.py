@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from prime_swarm.libs.rollout import noise
-from prime_swarm.libs.rollout.noise import (
+from prime_swarm.libs.model import noise
+from prime_swarm.libs.model.noise import (
     MAX_VOCAB,
     NOISE_TABLE_SIZE,
     build_table,

@@ -13,6 +13,7 @@ from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.model.hf_backend import HFBackend
+from prime_swarm.libs.model.noise import gumbel_noise, gumbel_rows, perturbed_scores
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rl.envs import get_env
@@ -20,7 +21,6 @@ from prime_swarm.libs.rollout import calibration
 from prime_swarm.libs.rollout.admission import Refusal
 from prime_swarm.libs.rollout.answer import answer_lease
 from prime_swarm.libs.rollout.calibration import Band
-from prime_swarm.libs.rollout.noise import gumbel_noise, gumbel_rows, perturbed_scores
 from prime_swarm.libs.rollout.recompute import prefill_hidden, recompute
 from prime_swarm.libs.rollout.verify import Judgement, Work, settle, verify_batch
 from prime_swarm.libs.toploc import build_proof, group_contexts

@@ -13,6 +13,7 @@ from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.model.hf_backend import HFBackend
+from prime_swarm.libs.model.noise import gumbel_noise
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rl.envs import get_env
@@ -20,7 +21,6 @@ from prime_swarm.libs.rollout import calibration
 from prime_swarm.libs.rollout.admission import Refusal, check_admission
 from prime_swarm.libs.rollout.answer import answer_lease
 from prime_swarm.libs.rollout.calibration import acceptance_for
-from prime_swarm.libs.rollout.noise import gumbel_noise
 from prime_swarm.libs.rollout.recompute import prefill_hidden
 from prime_swarm.libs.rollout.verify import (
     Work,
