@@ -69,6 +69,7 @@ from prime_swarm.protocol.messages import (
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench" / "toploc"))
 from cheats import REQUIRED, neighbour, perturbed, quantized  # noqa: E402
+from results_file import read_results, write_results  # noqa: E402
 
 CACHE = REPO / ".cache" / "models"
 REF_PY = REPO / "bench" / ".venv-toploc-ref" / "bin" / "python"
@@ -904,11 +905,9 @@ def main() -> None:
         },
         "precision_variant_distribution": {k: v["distribution"] for k, v in variants.items()},
         "engine_pairs": pairs,
-        "cross_device": None,
         "reference": ref,
         "details": {
             "vllm": "ran" if "vllm/hf" in pairs else vllm_why,
-            "cross_device_note": "null: no CUDA device was available to the run that wrote this",
             "forgeries_cycled": FORGERIES,
             "model": str(args.model) if args.model else TINY_DESCRIPTION,
             "cpu_threads_available": os.cpu_count(),
@@ -924,8 +923,13 @@ def main() -> None:
             "bytes_per_token": hf_honest["proof_bytes"] / hf_honest["gen_tokens"],
         }
         result["details"]["pipelined"] = pipe
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # The per-model and cross-device sections are other benches' (models_bench, cross_device on
+    # a lent GPU): a run on this machine keeps them.
+    previous = read_results(out)
+    result |= {k: previous[k] for k in ("models", "cross_device") if k in previous}
+    write_results(out, result)
     summary = {k: result[k] for k in ("honest", "attacks", "all_required_attacks_detected")}
     print(json.dumps(summary, indent=2))
 

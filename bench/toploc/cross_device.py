@@ -44,6 +44,7 @@ from models_bench import (  # noqa: E402
     on_device,
     specs,
 )
+from results_file import read_results, write_results  # noqa: E402
 
 from prime_swarm.libs.model.build import init_tiny_model  # noqa: E402
 from prime_swarm.libs.model.causal_lm import CausalLM  # noqa: E402
@@ -121,7 +122,7 @@ def main() -> None:
     assert torch.cuda.is_available(), "needs a CUDA device"
     torch.set_num_threads(2)
     rng = random.Random(7)
-    doc = json.loads(args.out.read_text()) if args.out.exists() else {}
+    doc = read_results(args.out)
     # An entry of another shape is an older bench's, measured with another statistic: replaced.
     section = doc.get("cross_device") if "models" in doc.get("cross_device", {}) else {}
     section.update(
@@ -152,11 +153,11 @@ def main() -> None:
             "wall_s": round(time.time() - t0, 1),
         }
         doc["cross_device"] = section
-        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        write_results(args.out, doc)
     if args.step_timing:
         section["grpo_step_qwen104m"] = steps()
     doc["cross_device"] = section
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_results(args.out, doc)
     print(json.dumps({k: v for k, v in section.items() if k != "models"}))
 
 

@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cheats import REQUIRED, fp8, neighbour, perturbed, quantized  # noqa: E402
 from device_emulator import emulated  # noqa: E402
+from results_file import read_results, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "models"
@@ -376,16 +377,21 @@ DEFAULT_PROVERS = "hf-bf16,hf-fp16,hf-fp32,emu-gpu-bf16"
 
 
 def _q(xs: list[float]) -> dict[str, float]:
-    if not xs:
-        return {}
-    a = np.array([x for x in xs if math.isfinite(x)] or [math.inf], dtype=float)
-    return {
-        "n": len(xs),
-        "min": round(float(a.min()), 4),
-        "p50": round(float(np.median(a)), 4),
-        "p99": round(float(np.quantile(a, 0.99)), 4),
-        "max": round(float(a.max()), 4),
-    }
+    """Quantiles of the finite values; infinite ones (a ratio over states of another model,
+    whose exponents differ) are counted as `non_finite`."""
+    kept = [x for x in xs if math.isfinite(x)]
+    q: dict[str, float] = {"n": len(xs)} if xs else {}
+    if len(kept) < len(xs):
+        q["non_finite"] = len(xs) - len(kept)
+    if kept:
+        a = np.array(kept, dtype=float)
+        q.update(
+            min=round(float(a.min()), 4),
+            p50=round(float(np.median(a)), 4),
+            p99=round(float(np.quantile(a, 0.99)), 4),
+            max=round(float(a.max()), 4),
+        )
+    return q
 
 
 def load_entries(path: Path | None, n: int) -> list[SubmittedRollout]:
@@ -732,9 +738,9 @@ def margins(pairs: dict, attack_sets: list[dict]) -> dict:
 
 def write_models(out: Path, models: dict) -> None:
     """Replace the `models` section of `out`, keeping what other benches wrote there."""
-    doc = json.loads(out.read_text()) if out.exists() else {}
+    doc = read_results(out)
     doc["models"] = models
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_results(out, doc)
 
 
 def main() -> None:
@@ -776,7 +782,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(2)
     rng = random.Random(1 if args.merge else 0)
-    result: dict = json.loads(args.out.read_text()).get("models", {}) if args.merge else {}
+    result: dict = read_results(args.out).get("models", {}) if args.merge else {}
     started = time.time()
     for spec in specs(args.models.split(","), args.model):
         t0 = time.time()
