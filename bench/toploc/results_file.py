@@ -25,6 +25,9 @@ def write_results(path: Path, doc: dict) -> None:
     path.write_text(json.dumps(finite(doc), indent=1, allow_nan=False) + "\n")
 
 
+_NON_FINITE = {"inf", "-inf", "nan"}
+
+
 def _restored(value: Any) -> Any:
     if isinstance(value, str) and value in _NON_FINITE:
         return float(value)
@@ -33,9 +36,6 @@ def _restored(value: Any) -> Any:
     if isinstance(value, list):
         return [_restored(v) for v in value]
     return value
-
-
-_NON_FINITE = {"inf", "-inf", "nan"}
 
 
 def read_results(path: Path) -> dict:

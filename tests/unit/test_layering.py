@@ -12,10 +12,14 @@ ABOVE_MODEL = ("prime_swarm.libs.rl", "prime_swarm.libs.rollout")
 
 
 def imported_modules(path: Path) -> set[str]:
+    """Absolute names of the modules `path` imports; relative imports resolved against its
+    package, so `from ..rl import x` counts like `from prime_swarm.libs.rl import x`."""
+    package = ["prime_swarm", *path.parent.relative_to(LIBS.parent).parts]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            found.add(".".join([*base, *([node.module] if node.module else [])]))
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
     return found
