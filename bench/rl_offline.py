@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from prime_swarm.libs.environments import Env, Task, load_env
+from prime_swarm.libs.environments.base import hash_int
 from prime_swarm.libs.model.build import build_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hf_backend import HFBackend
@@ -32,8 +34,6 @@ from prime_swarm.libs.model.io import load_pretrained
 from prime_swarm.libs.model.logprobs import token_logprobs
 from prime_swarm.libs.model.tokenizer import decode, prompt_ids
 from prime_swarm.libs.rl.defaults import RL, WARM_START
-from prime_swarm.libs.rl.envs import Env, Task, get_env
-from prime_swarm.libs.rl.envs.base import hash_int
 from prime_swarm.libs.rl.evaluate import heldout_reward
 from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, grpo_step, make_optimizer
 from prime_swarm.libs.rl.loss import LossConfig
@@ -114,7 +114,7 @@ def load_version(model_dir: Path, state: dict) -> CausalLM:
 
 
 def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict:
-    env = get_env(args.env)
+    env = load_env(args.env)
     t0 = time.process_time()
     base = build_tiny_model(seed, work / f"base-{seed}")
     warm = warm_start(

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.model.backend import Generation, GenerationBackend
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
@@ -43,7 +44,6 @@ from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.io import load_pretrained, save_pretrained
 from prime_swarm.libs.model.tokenizer import build_tokenizer, decode, prompt_ids
 from prime_swarm.libs.policy.store import LoadedPolicy
-from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rl.forward import forward_completions
 from prime_swarm.libs.rl.sft import warm_start
 from prime_swarm.libs.rollout import verify
@@ -77,7 +77,7 @@ WORKER = "0x" + "ab" * 20
 OTHER_WORKER = "0x" + "cd" * 20
 CURRENT = 10  # the trainer's step; the claimed policy is v10
 RECIPE = Recipe()
-ENV = get_env(RECIPE.env)
+ENV = load_env(RECIPE.env)
 HF = HFBackend("bf16")  # the worker default; fp16 and fp32 run as precision variants
 VALIDATOR_ENGINE = "hf"  # the validator always recomputes with a transformers prefill
 TINY_DESCRIPTION = "warm-started tiny Qwen2 (2 layers, hidden 128, 4/2 heads, byte-level BPE)"

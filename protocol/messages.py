@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     PlainSerializer,
     PlainValidator,
     model_validator,
@@ -206,6 +207,27 @@ class LeaseRequest(Versioned):
     )
 
 
+class ChatMessage(Message):
+    """One message of a chat-formatted prompt, rendered by the model's own chat template."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(max_length=65_536)
+
+
+# What an environment asks the model: raw text, or chat messages for the model's chat template
+# (libs/model/tokenizer.prompt_ids is the one rule that turns either into tokens).
+Prompt = str | Annotated[list[ChatMessage], Field(min_length=1, max_length=64)]
+
+EnvArgs = Annotated[
+    dict[str, JsonValue],
+    Field(
+        max_length=64,
+        description="The environment's arguments, as the pool's recipe sets them "
+        "(PRIME_RECIPE_ENV_ARGS); worker and validator build the environment from them.",
+    ),
+]
+
+
 class Lease(Versioned):
     """An assigned task: the worker may not choose its prompt (DESIGN.md §3.5)."""
 
@@ -219,8 +241,9 @@ class Lease(Versioned):
         "name on the ledger, where consecutive ids share one storage slot.",
     )
     env: str
+    env_args: EnvArgs = Field(default_factory=dict)
     task_id: str
-    prompt: str
+    prompt: Prompt
     group_size: int = Field(gt=0, le=64)
     sampling: SamplingParams
     seed: int = Field(ge=0, lt=2**63)

@@ -41,12 +41,12 @@ from prime_swarm.libs.localnet.relay import RelayProcess
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from shardcast_bench import PY, ROOT, Procs, wait_clients, wait_http, wait_ready  # noqa: E402
 
+from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.io import save_pretrained
 from prime_swarm.libs.model.tokenizer import build_tokenizer, decode, prompt_ids
-from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rl.grpo import Rollout, grpo_step, make_optimizer
 from prime_swarm.libs.shardcast import delta, download_version, fetch_manifest, publish_version
 from prime_swarm.libs.shardcast.client import HeldFiles, wait_for_version
@@ -68,7 +68,7 @@ SHARD = 16 * 1024 * 1024
 
 def rl_step(lm: CausalLM, opt: torch.optim.Optimizer, step: int, prompts: int = 8) -> float:
     """One GRPO step on freshly sampled groups; returns the mean reward."""
-    env = get_env("reverse")
+    env = load_env("reverse")
     tasks = env.sample_tasks(step, prompts, "train")
     ids = [prompt_ids(lm.tokenizer, t.prompt) for t in tasks]
     groups = HFBackend("fp32").generate(

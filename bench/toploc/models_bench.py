@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
+from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.model.backend import Generation
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
@@ -47,7 +48,6 @@ from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.io import load_pretrained
 from prime_swarm.libs.model.tokenizer import build_tokenizer, decode
 from prime_swarm.libs.policy.store import LoadedPolicy
-from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rollout.calibration import ACCEPTANCE
 from prime_swarm.libs.rollout.recompute import prefill_hidden
 from prime_swarm.libs.rollout.verify import Judgement, Work, settle, verify_batch
@@ -69,7 +69,7 @@ from results_file import read_results, write_results  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "models"
 WORKER = "0x" + "ab" * 20
-ENV = get_env("arith")
+ENV = load_env("arith")
 VALIDATOR_CLASS = device_class("cpu")
 EMU_SPLITS = 1
 """Split-K blocks of the emulated device class: tuned so the 104M Qwen2 against the CPU

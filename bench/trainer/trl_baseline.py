@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
+from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.model.io import load_pretrained, save_pretrained
 from prime_swarm.libs.model.tokenizer import prompt_ids
 from prime_swarm.libs.rl.defaults import RL, WARM_START
-from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rl.evaluate import heldout_reward
 from prime_swarm.libs.rl.loss import LossConfig
 from prime_swarm.libs.rl.sft import warm_start
@@ -53,7 +53,9 @@ def _prompt_prefix(tok, prompts: list[str]) -> str:
 
 
 def _heldout(model_dir: Path, env_name: str, eval_tasks: int) -> float:
-    return heldout_reward(load_pretrained(model_dir), get_env(env_name), eval_tasks, seed=EVAL_SEED)
+    return heldout_reward(
+        load_pretrained(model_dir), load_env(env_name), eval_tasks, seed=EVAL_SEED
+    )
 
 
 def run_trl(
@@ -78,7 +80,7 @@ def run_trl(
 
     torch.set_num_threads(threads)
     model_dir = Path(model_dir)
-    env = get_env(env_name)
+    env = load_env(env_name)
     reward_start = _heldout(model_dir, env_name, eval_tasks)
 
     tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)

@@ -40,11 +40,10 @@ def prepare_model(s: LocalNetworkSettings, say: Callable[[str], None] = print) -
 
 def heldout(model_dir: Path, s: LocalNetworkSettings) -> float:
     from prime_swarm.libs.model.io import load_pretrained
-    from prime_swarm.libs.rl.envs import get_env
     from prime_swarm.libs.rl.evaluate import heldout_reward
 
     return heldout_reward(
-        load_pretrained(model_dir), get_env(s.recipe.env), s.eval_tasks, seed=12345
+        load_pretrained(model_dir), s.recipe.environment(), s.eval_tasks, seed=12345
     )
 
 
@@ -209,8 +208,8 @@ def add_filter_arguments(p: argparse.ArgumentParser) -> None:
 
 def filter_tasks(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> None:
     """Score `--tasks` train tasks under the policy and write the ones inside `--band`."""
+    from prime_swarm.libs.environments import EnvLoadError, load_env
     from prime_swarm.libs.model.io import load_pretrained
-    from prime_swarm.libs.rl.envs import get_env
     from prime_swarm.libs.rl.filtering import histogram, keep_band, pass_rates, save_task_list
     from prime_swarm.libs.rollout.recipe import Recipe
 
@@ -220,11 +219,10 @@ def filter_tasks(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> N
     if args.temperature == 0 and args.samples > 1:
         fail("--temperature: 0 is greedy, so every sample would agree; use --samples 1")
     recipe = Recipe()
-    env_name = args.env or recipe.env
     try:
-        env = get_env(env_name)
-    except KeyError as exc:
-        fail(f"--env: {exc.args[0]}")
+        env = load_env(args.env) if args.env else recipe.environment()
+    except EnvLoadError as exc:
+        fail(f"--env: {exc}")
     temperature = recipe.temperature if args.temperature is None else args.temperature
     model_dir = args.model_dir or prepare_model(LocalNetworkSettings())
     try:
@@ -248,7 +246,7 @@ def filter_tasks(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> N
     try:
         out = save_task_list(
             args.out,
-            env=env_name,
+            env=env.name,
             band=(lo, hi),
             samples=args.samples,
             policy=Path(model_dir).resolve(),
@@ -259,7 +257,7 @@ def filter_tasks(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> N
         fail(f"--out: {exc}")
     bins = " ".join(str(c) for c in histogram(rates))
     print(
-        f"scored {len(rates)} {env_name} tasks x {args.samples} samples, kept {len(kept)} "
+        f"scored {len(rates)} {env.name} tasks x {args.samples} samples, kept {len(kept)} "
         f"with pass rate in [{lo}, {hi}]; histogram over 5 bins of [0, 1]: {bins}; wrote {out}"
     )
     if not kept:

@@ -1,5 +1,10 @@
 """Tokenizers: the tiny model's byte-level BPE, and the one prompt-encoding rule for any model.
 
+`prompt_ids` is the rule the worker, the validator (which refuses a submission whose prompt
+tokens differ from it) and the trainer's evaluation all share: a model with a chat template sees
+its prompt as chat messages rendered by that template, with the assistant turn opened; a model
+without one sees the raw text, as it was trained.
+
 The tiny tokenizer is byte-level BPE with no merges: the 256-byte alphabet plus three special
 tokens. transformers 5 loads a `qwen2` tokenizer as byte-level BPE whatever `tokenizer_class`
 says, so a byte-level vocabulary is the one that round-trips through `AutoTokenizer`; with no
@@ -12,6 +17,8 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from prime_swarm.protocol.messages import ChatMessage, Prompt
 
 PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|eos|>"
 
@@ -32,16 +39,36 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def prompt_ids(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """The prompt's token ids, as worker and validator must both compute them.
+def chat_messages(prompt: Prompt) -> list[ChatMessage]:
+    """A prompt as chat messages: raw text is one user message."""
+    if isinstance(prompt, str):
+        return [ChatMessage(role="user", content=prompt)]
+    return [m if isinstance(m, ChatMessage) else ChatMessage.model_validate(m) for m in prompt]
 
-    The tokenizer's own special-token rule applies; a tokenizer that defines a BOS token but does
-    not add it (Qwen2's adds none) gets it prepended, so a prompt never starts mid-context.
+
+def prompt_ids(tok: PreTrainedTokenizerBase, prompt: Prompt) -> list[int]:
+    """The prompt's token ids, as worker, validator and trainer must all compute them.
+
+    With a chat template: the messages rendered by it (`add_generation_prompt=True`), then
+    tokenized with no further special tokens (the template writes its own). Without one: the
+    raw text (chat messages' contents joined by blank lines) under the tokenizer's own
+    special-token rule; a tokenizer that defines a BOS token but does not add it (Qwen2's adds
+    none) gets it prepended, so a prompt never starts mid-context.
     """
-    ids = list(tok(text, add_special_tokens=True)["input_ids"])
-    bos = tok.bos_token_id
-    if bos is not None and (not ids or ids[0] != bos):
-        ids.insert(0, bos)
+    if tok.chat_template:
+        messages = [m.model_dump() for m in chat_messages(prompt)]
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = list(tok(text, add_special_tokens=False)["input_ids"])
+    else:
+        text = (
+            prompt
+            if isinstance(prompt, str)
+            else "\n\n".join(m.content for m in chat_messages(prompt))
+        )
+        ids = list(tok(text, add_special_tokens=True)["input_ids"])
+        bos = tok.bos_token_id
+        if bos is not None and (not ids or ids[0] != bos):
+            ids.insert(0, bos)
     if not ids:
         raise ValueError("the prompt encodes to no tokens")
     return ids

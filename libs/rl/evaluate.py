@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from prime_swarm.libs.environments import Env, Task
 from prime_swarm.libs.model.backend import GenerationBackend, make_backend
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.tokenizer import decode, prompt_ids
-from prime_swarm.libs.rl.envs import Env, Task
 
 
 def rewards_for(

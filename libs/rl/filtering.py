@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from prime_swarm.libs.rl.envs import Env, get_env
-from prime_swarm.libs.rl.envs.base import hash_int
+from prime_swarm.libs.environments import Env
+from prime_swarm.libs.environments.base import hash_int
 
 if TYPE_CHECKING:
     # Only pass_rates needs torch; the orchestrator and the CLI import this module without it.
@@ -128,8 +128,8 @@ def save_task_list(
     return out
 
 
-def load_task_list(path: str | Path, env_name: str) -> list[str]:
-    """The task ids of a task list for `env_name`; ValueError says what is wrong with the file."""
+def load_task_list(path: str | Path, env: Env) -> list[str]:
+    """The task ids of a task list for `env`; ValueError says what is wrong with the file."""
     p = Path(path)
     try:
         size = p.stat().st_size
@@ -146,11 +146,10 @@ def load_task_list(path: str | Path, env_name: str) -> list[str]:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "document"
         raise ValueError(f"task file {p} is not a task list: {where}: {first['msg']}") from exc
-    if doc.env != env_name:
-        raise ValueError(f"task file {p} lists {doc.env!r} tasks, but the env is {env_name!r}")
+    if doc.env != env.name:
+        raise ValueError(f"task file {p} lists {doc.env!r} tasks, but the env is {env.name!r}")
     if not doc.tasks:
         raise ValueError(f"task file {p} lists no tasks (is the band {list(doc.band)} too tight?)")
-    env = get_env(env_name)
     for t in doc.tasks:
         # Caught here rather than at the first lease; heldout tasks would leak the eval set.
         try:

@@ -13,7 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from prime_swarm.libs.rl.envs.base import hash_int
+from prime_swarm.libs.environments.base import hash_int
+from prime_swarm.protocol.messages import Prompt
 
 
 class LengthReward(BaseModel):
@@ -68,5 +69,15 @@ def budget_for(lease_index: int, cfg: LengthReward) -> int | None:
     return cfg.budgets[hash_int("budget", lease_index) % len(cfg.budgets)]
 
 
-def with_budget(prompt: str, target: int | None, cfg: LengthReward) -> str:
-    return prompt if target is None else cfg.prompt.format(n=target) + prompt
+def with_budget(prompt: Prompt, target: int | None, cfg: LengthReward) -> Prompt:
+    """`prompt` with the thinking budget named in front of it (of its last user message)."""
+    if target is None:
+        return prompt
+    note = cfg.prompt.format(n=target)
+    if isinstance(prompt, str):
+        return note + prompt
+    last = max((i for i, m in enumerate(prompt) if m.role == "user"), default=len(prompt) - 1)
+    return [
+        m.model_copy(update={"content": note + m.content}) if i == last else m
+        for i, m in enumerate(prompt)
+    ]

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
+from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.io import load_pretrained, save_pretrained, weights_sha256
 from prime_swarm.libs.model.tokenizer import build_tokenizer, prompt_ids
 from prime_swarm.libs.rl.defaults import WARM_START, WarmStartConfig
-from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rl.forward import forward_completions
 
 MARKER_FILE = "warm_start.json"
@@ -56,7 +56,7 @@ def train_sft(
     model: CausalLM, cfg: WarmStartConfig, seed: int, progress: Progress | None = None
 ) -> list[float]:
     """Cross-entropy on noisy-teacher demonstrations; returns the loss curve."""
-    env = get_env(cfg.env)
+    env = load_env(cfg.env)
     tok = model.tokenizer
     eos = min(model.eos_ids)
     rng = random.Random(seed)

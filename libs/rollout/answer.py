@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.model.backend import Generation, GenerationBackend
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.model.tokenizer import decode, prompt_ids
 from prime_swarm.libs.policy.store import LoadedPolicy
-from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.toploc import ProofContext, build_proofs_batch, group_contexts
 from prime_swarm.protocol.messages import CompletionSample, Lease, RolloutSubmission
 
@@ -148,7 +148,7 @@ def start_leases(
             )
         future = builder.submit(policy.lm, backend.precision, pairs, contexts)
         for lease, prompt, completions, span in zip(batch, prompts, groups, spans, strict=True):
-            env = get_env(lease.env)
+            env = load_env(lease.env, lease.env_args)
             task = env.task_from_id(lease.task_id)
             rewards = [env.reward(task, decode(tok, c.token_ids)) for c in completions]
             out[lease.lease_id] = PendingSubmission(

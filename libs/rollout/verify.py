@@ -19,12 +19,12 @@ from typing import Literal
 
 import torch
 
+from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.logprobs import token_logprobs
 from prime_swarm.libs.model.noise import gumbel_rows, perturbed_scores
 from prime_swarm.libs.model.tokenizer import decode, prompt_ids
 from prime_swarm.libs.policy.store import LoadedPolicy
-from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rl.reward import LengthReward, RewardParts, score
 from prime_swarm.libs.toploc import (
     ProofContext,
@@ -236,7 +236,7 @@ def measure_group(
     entry, policy = work.entry, work.policy
     sub, lease = entry.submission, entry.lease
     lm = policy.lm.cast("fp32")
-    env = get_env(lease.env)
+    env = load_env(lease.env, lease.env_args)
     task = env.task_from_id(lease.task_id)
     if proofs is None:
         proofs = check_proofs([work], [recs], acceptance)[0]

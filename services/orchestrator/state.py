@@ -10,8 +10,7 @@ from collections.abc import Awaitable, Callable
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from prime_swarm.libs.rl.envs import get_env
-from prime_swarm.libs.rl.envs.base import hash_int
+from prime_swarm.libs.environments.base import hash_int
 from prime_swarm.libs.rl.filtering import load_task_list
 from prime_swarm.libs.rl.reward import budget_for, with_budget
 from prime_swarm.libs.rollout.admission import oldest_admitted
@@ -163,13 +162,11 @@ class LeaseBook:
         self.redis, self.settings = redis, settings
         self._work_id_floor = work_id_floor
         self._reserve = redis.register_script(_RESERVE_WORK_IDS)
-        self.env = get_env(settings.recipe.env)
+        self.env = settings.recipe.environment()
         # Read once: a task list is fixed for the run, and a bad file should stop start-up, not
         # the first lease.
         self.task_ids: list[str] | None = (
-            load_task_list(settings.task_file, settings.recipe.env)
-            if settings.task_file is not None
-            else None
+            load_task_list(settings.task_file, self.env) if settings.task_file is not None else None
         )
 
     async def open_count(self, worker: str | None = None) -> int:
@@ -243,6 +240,7 @@ class LeaseBook:
                 pool_id=pool_id,
                 work_id=work_id,
                 env=recipe.env,
+                env_args=recipe.env_args,
                 task_id=task_id,
                 prompt=prompt,
                 target_tokens=target,

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.gguf_import import smollm2_dir
 from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.io import load_pretrained
 from prime_swarm.libs.policy.store import LoadedPolicy
-from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rollout.answer import answer_lease
 from prime_swarm.libs.rollout.recompute import prefill_hidden
 from prime_swarm.libs.rollout.verify import Work, settle, verify_batch
@@ -89,7 +89,7 @@ def lease() -> Lease:
         work_id=0,
         env="arith",
         task_id=task_id,
-        prompt=get_env("arith").task_from_id(task_id).prompt,
+        prompt=load_env("arith").task_from_id(task_id).prompt,
         group_size=2,
         sampling=SamplingParams(temperature=1.0, max_new_tokens=32),
         seed=5,

@@ -2,12 +2,12 @@ import random
 
 import pytest
 
-from prime_swarm.libs.rl.envs import Task, env_for_task, get_env
+from prime_swarm.libs.environments import EnvLoadError, Task, env_for_task, load_env
 
 
 @pytest.fixture
 def env():
-    return get_env("reverse")
+    return load_env("reverse")
 
 
 def _task(answer: str) -> Task:
@@ -52,8 +52,8 @@ def test_bad_ids_are_refused(env):
     for bad in ("reverse/test/1", "other/train/1", "reverse/train/x", "reverse/train"):
         with pytest.raises(ValueError):
             env.task_from_id(bad)
-    with pytest.raises(KeyError):
-        get_env("nope")
+    with pytest.raises(EnvLoadError, match="unknown environment 'nope'; installed: .*reverse"):
+        load_env("nope")
 
 
 def test_noisy_answer_injects_the_systematic_error(env):

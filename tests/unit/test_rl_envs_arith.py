@@ -3,15 +3,15 @@ import re
 
 import pytest
 
-from prime_swarm.libs.rl.envs import Task, env_for_task, get_env
-from prime_swarm.libs.rl.envs.arith import ArithEnv
+from prime_swarm.libs.environments import Task, env_for_task, load_env
+from prime_swarm.libs.environments.arith import ArithEnv
 
 PROMPT = re.compile(r"^(\d+)([+*-])(\d+)=$")
 
 
 @pytest.fixture
 def env():
-    return get_env("arith")
+    return load_env("arith")
 
 
 def _solve(prompt: str) -> str:

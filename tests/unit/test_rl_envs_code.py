@@ -2,13 +2,13 @@ import random
 
 import pytest
 
-from prime_swarm.libs.rl.envs import env_for_task, get_env
-from prime_swarm.libs.rl.envs.code import FAMILIES, CodeEnv
+from prime_swarm.libs.environments import env_for_task, load_env
+from prime_swarm.libs.environments.code import FAMILIES, CodeEnv
 
 
 @pytest.fixture
 def env():
-    return get_env("code")
+    return load_env("code")
 
 
 def _by_family(env):

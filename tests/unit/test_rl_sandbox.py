@@ -4,8 +4,8 @@ import textwrap
 
 import pytest
 
-from prime_swarm.libs.rl import sandbox
-from prime_swarm.libs.rl.sandbox import Case, Limits, run_tests
+from prime_swarm.libs.environments import sandbox
+from prime_swarm.libs.environments.sandbox import Case, Limits, run_tests
 
 # One CPU second keeps the suite fast and is still ~50x what a correct solution needs; the wall
 # clock is generous so that a loaded machine does not turn slow starts into timeouts.

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.model.build import build_tiny_model
 from prime_swarm.libs.model.io import load_pretrained, weights_sha256
-from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rl.evaluate import heldout_reward
 from prime_swarm.libs.rl.sft import MARKER_FILE, warm_start
 
@@ -60,7 +60,7 @@ def test_warm_start_is_deterministic_and_accepts_a_model_dir(tmp_path: Path) -> 
 
 def test_heldout_reward_is_a_deterministic_mean_in_unit_interval(tmp_path: Path) -> None:
     lm = load_pretrained(warm_start(0, tmp_path / "w", seed=0, steps=2, batch_size=4))
-    env = get_env("reverse")
+    env = load_env("reverse")
     r = heldout_reward(lm, env, n_tasks=16, seed=0)
     assert 0.0 <= r <= 1.0
     # Greedy decoding: the same tasks give the same mean.

@@ -9,6 +9,7 @@ import time
 import pytest
 from pydantic import ValidationError
 
+from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hardware import device_class
@@ -16,7 +17,6 @@ from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.noise import gumbel_noise, gumbel_rows, perturbed_scores
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.policy.store import LoadedPolicy
-from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rollout import calibration
 from prime_swarm.libs.rollout.admission import Refusal
 from prime_swarm.libs.rollout.answer import answer_lease
@@ -80,7 +80,7 @@ def honest(policy: LoadedPolicy) -> SubmittedRollout:
         work_id=0,
         env="reverse",
         task_id=task_id,
-        prompt=get_env("reverse").task_from_id(task_id).prompt,
+        prompt=load_env("reverse").task_from_id(task_id).prompt,
         group_size=4,
         sampling=SamplingParams(temperature=1.0, max_new_tokens=8),
         seed=99,

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hardware import device_class
@@ -16,7 +17,6 @@ from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.noise import gumbel_noise
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.policy.store import LoadedPolicy
-from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rollout import calibration
 from prime_swarm.libs.rollout.admission import Refusal, check_admission
 from prime_swarm.libs.rollout.answer import answer_lease
@@ -60,7 +60,7 @@ def lease() -> Lease:
         work_id=0,
         env="reverse",
         task_id=task_id,
-        prompt=get_env("reverse").task_from_id(task_id).prompt,
+        prompt=load_env("reverse").task_from_id(task_id).prompt,
         group_size=GROUP,
         sampling=SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW),
         seed=1234,

@@ -14,12 +14,12 @@ import pytest
 import redis
 import torch
 
+from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.policy.store import LoadedPolicy
-from prime_swarm.libs.rl.envs import get_env
 from prime_swarm.libs.rl.reward import LengthReward
 from prime_swarm.libs.rollout import calibration
 from prime_swarm.libs.rollout.answer import answer_lease
@@ -55,7 +55,7 @@ def lease(n: int) -> Lease:
         work_id=n,
         env="reverse",
         task_id=task_id,
-        prompt=get_env("reverse").task_from_id(task_id).prompt,
+        prompt=load_env("reverse").task_from_id(task_id).prompt,
         group_size=4,
         sampling=SamplingParams(temperature=1.0, max_new_tokens=8),
         seed=1000 + n,

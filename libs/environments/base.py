@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from prime_swarm.protocol.messages import Prompt
+
 Split = Literal["train", "heldout"]
 SPLITS: tuple[Split, ...] = ("train", "heldout")
 
@@ -17,7 +19,8 @@ class Task(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     task_id: str
-    prompt: str
+    prompt: Prompt
+    """Raw text, or chat messages that the model's chat template renders."""
     answer: str
 
 

@@ -1,7 +1,7 @@
 """Tiny function-writing problems: `# f(x)=x+3` -> `def f(x):return x+3`.
 
 The reward is the fraction of hidden tests the completion's `f` passes, run in the sandbox of
-libs/rl/sandbox.py; anything that fails to load, times out or tries to escape scores 0. A
+libs/environments/sandbox.py; anything that fails to load, times out or tries to escape scores 0. A
 2-layer model will not learn this; the env exists so that the RL stack has a code-execution
 reward behind the same interface as the others.
 """
@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from prime_swarm.libs.rl.envs.base import Env, Split, Task, hash_int
-from prime_swarm.libs.rl.sandbox import Case, Limits, run_tests
+from prime_swarm.libs.environments.base import Env, Split, Task, hash_int
+from prime_swarm.libs.environments.sandbox import Case, Limits, run_tests
 
 # There are only ~50 distinct problems, so a larger share than elsewhere is held out: with 10%
 # the held-out score would rest on a handful of them.

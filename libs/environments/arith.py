@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from prime_swarm.libs.rl.envs.base import Env, Split, Task, hash_int
+from prime_swarm.libs.environments.base import Env, Split, Task, hash_int
 
 HELDOUT_PERCENT = 10
 OPS = ("+", "-", "*")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import string
 
-from prime_swarm.libs.rl.envs.base import Env, Split, Task, hash_int
+from prime_swarm.libs.environments.base import Env, Split, Task, hash_int
 
 HELDOUT_PERCENT = 10
 

@@ -1,0 +1,169 @@
+"""An environment from outside the project: a package written to a temporary folder, built and
+installed there by pip like any third-party package, found through the `prime_swarm.environments`
+entry-point group, and run end to end by a whole local pool (leases, an `hf` worker, the
+validator re-deriving its chat-formatted prompts and re-scoring with the plugin's own reward,
+the trainer) without one line of the project naming it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from prime_swarm.deploy.local.cli import prepare_model
+from prime_swarm.deploy.local.network import LocalNetwork
+from prime_swarm.deploy.local.settings import LocalNetworkSettings
+from prime_swarm.libs.rollout.recipe import Recipe
+from prime_swarm.protocol import streams
+from prime_swarm.protocol.messages import Lease, Verdict, VerifiedRollout
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 2
+
+PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "swarm-mirror-env"
+version = "0.1.0"
+
+[project.entry-points."prime_swarm.environments"]
+mirror = "swarm_mirror_env:MirrorEnv"
+"""
+
+MODULE = '''\
+"""Write the digits back in reverse, asked in chat messages; partial credit per digit."""
+
+import random
+
+from prime_swarm.libs.environments import Env, Task
+from prime_swarm.libs.environments.base import hash_int
+
+
+class MirrorEnv(Env):
+    name = "mirror"
+
+    def __init__(self, length: int = 4) -> None:
+        if not 1 <= length <= 8:
+            raise ValueError("length must be 1..8")
+        self.length = length
+        self.max_answer_chars = length
+
+    def task_from_id(self, task_id: str) -> Task:
+        split, index = self.parse_task_id(task_id)
+        h = hash_int(self.name, split, index, self.length)
+        answer = str(h % 10**self.length).zfill(self.length)
+        messages = [{"role": "user", "content": f"rev {answer[::-1]}="}]
+        return Task(task_id=task_id, prompt=messages, answer=answer)
+
+    def reward(self, task: Task, completion: str) -> float:
+        got = completion.strip()
+        hits = sum(a == b for a, b in zip(got, task.answer))
+        return hits / max(len(task.answer), len(got))
+
+    def noisy_answer(self, task: Task, rng: random.Random, error_rate: float) -> str:
+        return task.answer
+'''
+
+
+@pytest.fixture(scope="module")
+def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package built and installed by pip into a folder of its own (never into the venv)."""
+    src = tmp_path_factory.mktemp("swarm-mirror-env")
+    (src / "pyproject.toml").write_text(PYPROJECT)
+    (src / "swarm_mirror_env.py").write_text(textwrap.dedent(MODULE))
+    site = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(site),
+            str(src),
+        ],
+        check=True,
+        timeout=300,
+    )
+    return site
+
+
+@pytest.mark.timeout(600)
+def test_a_pool_runs_on_an_installed_environment_package(
+    plugin_site: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # This process (the launcher, its held-out evaluation) and every service it starts find the
+    # package the way any installed package is found.
+    monkeypatch.syspath_prepend(str(plugin_site))
+    monkeypatch.setenv("PYTHONPATH", str(plugin_site))
+    run_dir = tmp_path_factory.mktemp("run")
+    settings = LocalNetworkSettings(
+        runs_dir=run_dir.parent,
+        cache_dir=REPO / ".cache",
+        steps=STEPS,
+        workers=1,
+        worker_backends=["hf"],
+        groups_per_step=4,
+        lease_batch=4,
+        eval_tasks=8,
+        recipe=Recipe(env="mirror", env_args={"length": 3}, group_size=4, max_new_tokens=5),
+    )
+    net = LocalNetwork(settings, prepare_model(settings), run_dir)
+    try:
+        net.start()
+        rows = net.follow(lambda row: None, timeout_s=300)
+        net.stop_workers()
+        net.stop_validators()
+        assert [r.step for r in rows] == list(range(1, STEPS + 1))
+        r = net.redis.client()
+        verdicts = [streams.decode(Verdict, f) for _, f in r.xrange(streams.ROLLOUTS_REJECTED)]
+        assert {v.reason for v in verdicts} <= {"stale_policy"}, [v.detail for v in verdicts]
+        verified = [
+            streams.decode(VerifiedRollout, f) for _, f in r.xrange(streams.ROLLOUTS_VERIFIED)
+        ]
+        assert len(verified) >= STEPS * settings.groups_per_step
+        assert all(v.task_id.startswith("mirror/train/") for v in verified)
+        rewards = [c.task_reward for v in verified for c in v.completions]
+        assert all(0.0 <= x <= 1.0 for x in rewards)
+        assert len(set(rewards)) > 1, "the plugin's partial-credit reward never varied"
+    finally:
+        net.stop()
+
+
+def test_leases_carry_the_plugin_and_its_arguments(plugin_site: Path, monkeypatch) -> None:  # noqa: ANN001
+    """What a worker and a validator build the environment from: name and arguments, in the
+    lease, with the chat-formatted prompt."""
+    monkeypatch.syspath_prepend(str(plugin_site))
+    recipe = Recipe(env="mirror", env_args={"length": 3})
+    task = recipe.environment().task_from_id("mirror/train/7")
+    lease = Lease.model_validate(
+        {
+            "lease_id": "l",
+            "worker": "0x" + "ab" * 20,
+            "pool_id": 1,
+            "work_id": 0,
+            "env": recipe.env,
+            "env_args": recipe.env_args,
+            "task_id": task.task_id,
+            "prompt": task.prompt,
+            "group_size": 2,
+            "sampling": {"temperature": 1.0, "max_new_tokens": 4},
+            "seed": 1,
+            "min_policy_version": 0,
+            "expires_at": 0.0,
+        }
+    )
+    again = Lease.model_validate_json(lease.model_dump_json())
+    assert again.env_args == {"length": 3}
+    assert [m.role for m in again.prompt] == ["user"]
+    assert len(task.answer) == 3
