@@ -11,6 +11,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.io import save_pretrained
 from prime_swarm.libs.model.tokenizer import BOS, EOS, PAD, build_tokenizer, decode, prompt_ids
+from prime_swarm.protocol.messages import ChatMessage
 
 TEXTS = [
     "rev 0123 abc XYZ=+-?!",
@@ -139,3 +140,37 @@ def test_model_directory_tokenizer_has_exactly_the_built_vocabulary(
     # Any id the tokenizer can produce must be one the model can embed.
     assert model_dir_tokenizer.get_vocab() == build_tokenizer().get_vocab()
     assert len(model_dir_tokenizer) == init_tiny_model(0).config.vocab_size
+
+
+# A ChatML-like template, as instruct models ship them (SmolLM2's is this shape with a default
+# system prompt): the rendered text carries its own special tokens.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|bos|>{{ m['role'] }}\n{{ m['content'] }}<|eos|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|bos|>assistant\n{% endif %}"
+)
+
+
+def test_a_chat_template_renders_the_prompt_as_messages() -> None:
+    tok = build_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
+    bos, eos = tok.convert_tokens_to_ids([BOS, EOS])
+    ids = prompt_ids(tok, "12+7=")  # raw text is one user message
+    assert ids[0] == bos and ids.count(bos) == 2 and ids.count(eos) == 1
+    assert tok.decode(ids) == "<|bos|>user\n12+7=<|eos|>\n<|bos|>assistant\n"
+    messages = [
+        ChatMessage(role="system", content="Answer with a number."),
+        ChatMessage(role="user", content="12+7="),
+    ]
+    chat = prompt_ids(tok, messages)
+    assert tok.decode(chat).startswith("<|bos|>system\nAnswer with a number.<|eos|>\n<|bos|>user")
+    # Plain dicts, as a plugin may write them, encode the same.
+    assert prompt_ids(tok, [m.model_dump() for m in messages]) == chat
+
+
+def test_without_a_chat_template_messages_are_their_raw_text() -> None:
+    tok = build_tokenizer()
+    assert tok.chat_template is None
+    messages = [ChatMessage(role="user", content="rev 321=")]
+    assert prompt_ids(tok, messages) == prompt_ids(tok, "rev 321=")
+    two = [ChatMessage(role="system", content="a"), ChatMessage(role="user", content="b")]
+    assert prompt_ids(tok, two) == prompt_ids(tok, "a\n\nb")
