@@ -11,6 +11,7 @@ import httpx
 from eth_account.signers.local import LocalAccount
 from tqdm import tqdm
 
+from prime_swarm.libs.environments import EnvLoadError, load_env
 from prime_swarm.libs.model.backend import GenerationBackend
 from prime_swarm.libs.model.causal_lm import PRECISIONS
 from prime_swarm.libs.policy.store import LoadedPolicy, PolicyError, PolicyStore
@@ -218,6 +219,13 @@ class Worker:
                     self.snapshot.activity = "waiting for work"
                     self.stop.wait(reply.retry_after_s or 0.5)
                     continue
+                try:  # the pool's environment is a package this machine must have installed
+                    for lease in reply.leases:
+                        load_env(lease.env, lease.env_args)
+                except EnvLoadError as exc:
+                    log.error("cannot answer this pool's leases, leaving: %s", exc)
+                    self.stop.set()
+                    break
                 policy = self._freshest(policy)
                 self.snapshot.activity = "generating"
                 self.snapshot.leases += len(reply.leases)

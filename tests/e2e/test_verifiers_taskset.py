@@ -1,0 +1,203 @@
+"""A taskset written for the `verifiers` library (its v1 API) run by a pool: a package built in a
+temporary folder and installed by pip, loaded by its package name (`PRIME_RECIPE_ENV=verifiers`,
+`PRIME_RECIPE_ENV_ARGS={"taskset": ...}`), its chat prompts leased, answered by an `hf` worker,
+re-scored by the validator with the taskset's own `@vf.reward` function, and trained on. A
+taskset whose reward needs the network, or a runtime, is refused when the pool starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from prime_swarm.deploy.local.cli import prepare_model
+from prime_swarm.deploy.local.network import LocalNetwork
+from prime_swarm.deploy.local.settings import LocalNetworkSettings
+from prime_swarm.libs.rollout.recipe import Recipe
+from prime_swarm.protocol import streams
+from prime_swarm.protocol.messages import Verdict, VerifiedRollout
+
+pytest.importorskip("verifiers.v1", reason="the verifiers extra is not installed")
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 2
+
+PACKAGE = '''\
+"""Reverse the digits; partial credit per digit (a verifiers v1 taskset)."""
+
+import socket
+
+import verifiers.v1 as vf
+
+
+class MirrorData(vf.TaskData):
+    answer: str
+
+
+class MirrorTask(vf.Task[MirrorData]):
+    @vf.reward
+    async def digits(self, task, trace) -> float:
+        got = trace.last_reply.strip()
+        hits = sum(a == b for a, b in zip(got, task.answer))
+        return hits / max(len(task.answer), len(got))
+
+
+class PhoneTask(MirrorTask):
+    @vf.reward
+    async def digits(self, task, trace) -> float:
+        socket.create_connection(("127.0.0.1", 9), timeout=1)  # asks a server for the score
+        return 1.0
+
+
+class RuntimeTask(MirrorTask):
+    @vf.reward
+    async def digits(self, task, trace, runtime) -> float:
+        return 1.0
+
+
+class MirrorTaskset(vf.Taskset[MirrorTask]):
+    TASK = MirrorTask
+
+    def load(self):
+        for i in range(300):
+            answer = str(i * 37 % 1000).zfill(3)
+            data = MirrorData(prompt=f"rev {answer[::-1]}=", answer=answer)
+            yield self.TASK(data, self.config.task)
+
+
+class PhoneTaskset(MirrorTaskset):
+    TASK = PhoneTask
+
+
+class RuntimeTaskset(MirrorTaskset):
+    TASK = RuntimeTask
+'''
+
+
+def _package(root: Path, name: str, cls: str) -> Path:
+    src = root / name
+    (src / name).mkdir(parents=True)
+    (src / "pyproject.toml").write_text(
+        textwrap.dedent(f"""\
+        [build-system]
+        requires = ["setuptools>=68"]
+        build-backend = "setuptools.build_meta"
+
+        [project]
+        name = "{name.replace("_", "-")}"
+        version = "0.1.0"
+        """)
+    )
+    (src / name / "tasks.py").write_text(PACKAGE)
+    (src / name / "__init__.py").write_text(f"from .tasks import {cls}\n\n__all__ = ['{cls}']\n")
+    return src
+
+
+@pytest.fixture(scope="module")
+def taskset_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tasksets")
+    site = tmp_path_factory.mktemp("site")
+    sources = [
+        _package(root, "mirror_taskset", "MirrorTaskset"),
+        _package(root, "phone_taskset", "PhoneTaskset"),
+        _package(root, "runtime_taskset", "RuntimeTaskset"),
+    ]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(site),
+            *map(str, sources),
+        ],
+        check=True,
+        timeout=300,
+    )
+    return site
+
+
+@pytest.fixture
+def on_path(taskset_site: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.syspath_prepend(str(taskset_site))
+    monkeypatch.setenv("PYTHONPATH", str(taskset_site))
+    return taskset_site
+
+
+def test_the_tasksets_own_reward_scores_a_reply(on_path: Path) -> None:
+    env = Recipe(env="verifiers", env_args={"taskset": "mirror_taskset"}).environment()
+    task = env.task_from_id("verifiers/train/5")
+    assert [m.role for m in task.prompt] == ["user"]
+    assert task.prompt[0].content == f"rev {task.answer[::-1]}="
+    assert env.reward(task, task.answer) == pytest.approx(1.0)
+    assert env.reward(task, task.answer[:2] + "x") == pytest.approx(2 / 3)
+    assert env.reward(task, "nothing") == pytest.approx(0.0)
+    # The same task from the same id, every time: a validator re-derives it.
+    assert env.task_from_id("verifiers/train/5") == task
+    train = {env.task_from_id(f"verifiers/train/{i}").answer for i in range(300)}
+    heldout = {env.task_from_id(f"verifiers/heldout/{i}").answer for i in range(300)}
+    assert train and heldout and not train & heldout
+
+
+@pytest.mark.parametrize(
+    ("taskset", "says"),
+    [
+        ("phone_taskset", "its reward needs the network"),
+        ("runtime_taskset", "reward 'digits' needs a runtime"),
+        ("no_such_taskset", "refused its arguments"),
+    ],
+)
+def test_a_taskset_the_validator_cannot_rerun_is_refused_at_start(on_path, taskset, says) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match=says):
+        Recipe(env="verifiers", env_args={"taskset": taskset})
+
+
+@pytest.mark.timeout(600)
+def test_a_pool_trains_on_a_verifiers_taskset(
+    on_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    run_dir = tmp_path_factory.mktemp("run")
+    settings = LocalNetworkSettings(
+        runs_dir=run_dir.parent,
+        cache_dir=REPO / ".cache",
+        steps=STEPS,
+        workers=1,
+        worker_backends=["hf"],
+        groups_per_step=4,
+        lease_batch=4,
+        eval_tasks=8,
+        recipe=Recipe(
+            env="verifiers",
+            env_args={"taskset": "mirror_taskset"},
+            group_size=4,
+            max_new_tokens=5,
+        ),
+    )
+    net = LocalNetwork(settings, prepare_model(settings), run_dir)
+    try:
+        net.start()
+        rows = net.follow(lambda row: None, timeout_s=300)
+        net.stop_workers()
+        net.stop_validators()
+        assert [r.step for r in rows] == list(range(1, STEPS + 1))
+        r = net.redis.client()
+        verdicts = [streams.decode(Verdict, f) for _, f in r.xrange(streams.ROLLOUTS_REJECTED)]
+        assert {v.reason for v in verdicts} <= {"stale_policy"}, [v.detail for v in verdicts]
+        verified = [
+            streams.decode(VerifiedRollout, f) for _, f in r.xrange(streams.ROLLOUTS_VERIFIED)
+        ]
+        assert len(verified) >= STEPS * settings.groups_per_step
+        assert all(v.task_id.startswith("verifiers/train/") for v in verified)
+        rewards = [c.task_reward for v in verified for c in v.completions]
+        assert all(0.0 <= x <= 1.0 for x in rewards)
+        assert len(set(rewards)) > 1, "the taskset's partial-credit reward never varied"
+    finally:
+        net.stop()
