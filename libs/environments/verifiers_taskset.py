@@ -98,8 +98,13 @@ class VerifiersTasksetEnv(Env):
         try:
             with no_network():
                 self._score(task, reference)
-        except NeedsTheNetwork as exc:
-            raise ValueError(f"{where}: its reward needs the network ({exc})") from exc
+        except Exception as exc:  # verifiers wraps a reward's error in its own TaskError
+            cause: BaseException | None = exc
+            while cause is not None and not isinstance(cause, NeedsTheNetwork):
+                cause = cause.__cause__ or cause.__context__
+            if cause is None:
+                raise
+            raise ValueError(f"{where}: its reward needs the network ({cause})") from exc
 
     def _task(self, task_id: str) -> Any:
         split, index = self.parse_task_id(task_id)
