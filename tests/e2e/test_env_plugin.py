@@ -6,21 +6,15 @@ the trainer) without one line of the project naming it."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from small_pool import pip_install, run_small_pool
 
-from prime_swarm.deploy.local.cli import prepare_model
-from prime_swarm.deploy.local.network import LocalNetwork
-from prime_swarm.deploy.local.settings import LocalNetworkSettings
 from prime_swarm.libs.rollout.recipe import Recipe
-from prime_swarm.protocol import streams
-from prime_swarm.protocol.messages import Lease, Verdict, VerifiedRollout
+from prime_swarm.protocol.messages import Lease
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 2
 
 PYPROJECT = """\
@@ -78,23 +72,7 @@ def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (src / "pyproject.toml").write_text(PYPROJECT)
     (src / "swarm_mirror_env.py").write_text(textwrap.dedent(MODULE))
     site = tmp_path_factory.mktemp("site")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(site),
-            str(src),
-        ],
-        check=True,
-        timeout=300,
-    )
+    pip_install([src], site)
     return site
 
 
@@ -106,38 +84,22 @@ def test_a_pool_runs_on_an_installed_environment_package(
     # package the way any installed package is found.
     monkeypatch.syspath_prepend(str(plugin_site))
     monkeypatch.setenv("PYTHONPATH", str(plugin_site))
-    run_dir = tmp_path_factory.mktemp("run")
-    settings = LocalNetworkSettings(
-        runs_dir=run_dir.parent,
-        cache_dir=REPO / ".cache",
+    run = run_small_pool(
+        tmp_path_factory.mktemp("run"),
         steps=STEPS,
-        workers=1,
-        worker_backends=["hf"],
         groups_per_step=4,
         lease_batch=4,
         eval_tasks=8,
         recipe=Recipe(env="mirror", env_args={"length": 3}, group_size=4, max_new_tokens=5),
     )
-    net = LocalNetwork(settings, prepare_model(settings), run_dir)
     try:
-        net.start()
-        rows = net.follow(lambda row: None, timeout_s=300)
-        net.stop_workers()
-        net.stop_validators()
-        assert [r.step for r in rows] == list(range(1, STEPS + 1))
-        r = net.redis.client()
-        verdicts = [streams.decode(Verdict, f) for _, f in r.xrange(streams.ROLLOUTS_REJECTED)]
-        assert {v.reason for v in verdicts} <= {"stale_policy"}, [v.detail for v in verdicts]
-        verified = [
-            streams.decode(VerifiedRollout, f) for _, f in r.xrange(streams.ROLLOUTS_VERIFIED)
-        ]
-        assert len(verified) >= STEPS * settings.groups_per_step
-        assert all(v.task_id.startswith("mirror/train/") for v in verified)
-        rewards = [c.task_reward for v in verified for c in v.completions]
+        run.assert_honest()
+        assert all(v.task_id.startswith("mirror/train/") for v in run.verified)
+        rewards = [c.task_reward for v in run.verified for c in v.completions]
         assert all(0.0 <= x <= 1.0 for x in rewards)
         assert len(set(rewards)) > 1, "the plugin's partial-credit reward never varied"
     finally:
-        net.stop()
+        run.net.stop()
 
 
 def test_leases_carry_the_plugin_and_its_arguments(plugin_site: Path, monkeypatch) -> None:  # noqa: ANN001

@@ -8,14 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from small_pool import run_small_pool
 
-from prime_swarm.deploy.local.network import LocalNetwork
-from prime_swarm.deploy.local.settings import LocalNetworkSettings
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.model.gguf_import import smollm2_dir
 from prime_swarm.libs.rollout.recipe import Recipe
-from prime_swarm.protocol import streams
-from prime_swarm.protocol.messages import Verdict, VerifiedRollout
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 2
@@ -25,40 +22,27 @@ STEPS = 2
 def test_smollm2_rollouts_are_verified_attested_and_trained(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The untuned model answers none of the raw `a+b=` prompts exactly (every group scores 0):
+    # The untuned model rarely answers `a+b=` exactly (chat-formatted), so most groups score 0:
     # the trainer takes such groups here instead of waiting for informative ones, because what
     # this run checks is that a 30-layer model's honest work passes verification at every step.
     monkeypatch.setenv("PRIME_TRAINER_FILTER_ZERO_VARIANCE", "false")
-    run_dir = tmp_path_factory.mktemp("run")
-    settings = LocalNetworkSettings(
-        runs_dir=run_dir.parent,
-        cache_dir=REPO / ".cache",
+    run = run_small_pool(
+        tmp_path_factory.mktemp("run"),
+        smollm2_dir(REPO / ".cache" / "models"),
+        timeout_s=480,
         steps=STEPS,
-        workers=1,
-        worker_backends=["hf"],
         groups_per_step=2,
         lease_batch=2,
         eval_tasks=4,
         recipe=Recipe(env="arith", group_size=4, max_new_tokens=24),
     )
-    net = LocalNetwork(settings, smollm2_dir(REPO / ".cache" / "models"), run_dir)
     try:
-        net.start()
-        rows = net.follow(lambda row: None, timeout_s=480)
-        net.stop_workers()
-        net.stop_validators()
-        assert [r.step for r in rows] == list(range(1, STEPS + 1))
-        r = net.redis.client()
-        verdicts = [streams.decode(Verdict, f) for _, f in r.xrange(streams.ROLLOUTS_REJECTED)]
         # An honest worker on a 30-layer model: never rejected for cheating, never held.
-        assert {v.reason for v in verdicts} <= {"stale_policy"}, [v.detail for v in verdicts]
-        verified = [
-            streams.decode(VerifiedRollout, f) for _, f in r.xrange(streams.ROLLOUTS_VERIFIED)
-        ]
-        assert len(verified) >= STEPS * settings.groups_per_step
-        assert all(len(v.completions) == 4 for v in verified)
+        run.assert_honest()
+        assert all(len(v.completions) == 4 for v in run.verified)
+        net = run.net
         ledger = LedgerClient(net.topo.rpc_url, net.topo.ledger, account=None, timeout=30)
         assert ledger.worker_slashed_events(net.topo.pool_id) == []
-        assert ledger.work_units(net.topo.pool_id, verified[0].worker) > 0
+        assert ledger.work_units(net.topo.pool_id, run.verified[0].worker) > 0
     finally:
-        net.stop()
+        run.net.stop()

@@ -6,23 +6,16 @@ taskset whose reward needs the network, or a runtime, is refused when the pool s
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from small_pool import pip_install, run_small_pool
 
-from prime_swarm.deploy.local.cli import prepare_model
-from prime_swarm.deploy.local.network import LocalNetwork
-from prime_swarm.deploy.local.settings import LocalNetworkSettings
 from prime_swarm.libs.rollout.recipe import Recipe
-from prime_swarm.protocol import streams
-from prime_swarm.protocol.messages import Verdict, VerifiedRollout
 
 pytest.importorskip("verifiers.v1", reason="the verifiers extra is not installed")
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 2
 
 PACKAGE = '''\
@@ -105,23 +98,7 @@ def taskset_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         _package(root, "phone_taskset", "PhoneTaskset"),
         _package(root, "runtime_taskset", "RuntimeTaskset"),
     ]
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(site),
-            *map(str, sources),
-        ],
-        check=True,
-        timeout=300,
-    )
+    pip_install(sources, site)
     return site
 
 
@@ -164,13 +141,9 @@ def test_a_taskset_the_validator_cannot_rerun_is_refused_at_start(on_path, tasks
 def test_a_pool_trains_on_a_verifiers_taskset(
     on_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    run_dir = tmp_path_factory.mktemp("run")
-    settings = LocalNetworkSettings(
-        runs_dir=run_dir.parent,
-        cache_dir=REPO / ".cache",
+    run = run_small_pool(
+        tmp_path_factory.mktemp("run"),
         steps=STEPS,
-        workers=1,
-        worker_backends=["hf"],
         groups_per_step=4,
         lease_batch=4,
         eval_tasks=8,
@@ -181,23 +154,11 @@ def test_a_pool_trains_on_a_verifiers_taskset(
             max_new_tokens=5,
         ),
     )
-    net = LocalNetwork(settings, prepare_model(settings), run_dir)
     try:
-        net.start()
-        rows = net.follow(lambda row: None, timeout_s=300)
-        net.stop_workers()
-        net.stop_validators()
-        assert [r.step for r in rows] == list(range(1, STEPS + 1))
-        r = net.redis.client()
-        verdicts = [streams.decode(Verdict, f) for _, f in r.xrange(streams.ROLLOUTS_REJECTED)]
-        assert {v.reason for v in verdicts} <= {"stale_policy"}, [v.detail for v in verdicts]
-        verified = [
-            streams.decode(VerifiedRollout, f) for _, f in r.xrange(streams.ROLLOUTS_VERIFIED)
-        ]
-        assert len(verified) >= STEPS * settings.groups_per_step
-        assert all(v.task_id.startswith("verifiers/train/") for v in verified)
-        rewards = [c.task_reward for v in verified for c in v.completions]
+        run.assert_honest()
+        assert all(v.task_id.startswith("verifiers/train/") for v in run.verified)
+        rewards = [c.task_reward for v in run.verified for c in v.completions]
         assert all(0.0 <= x <= 1.0 for x in rewards)
         assert len(set(rewards)) > 1, "the taskset's partial-credit reward never varied"
     finally:
-        net.stop()
+        run.net.stop()
