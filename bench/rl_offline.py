@@ -35,9 +35,10 @@ from prime_swarm.libs.model.logprobs import token_logprobs
 from prime_swarm.libs.model.tokenizer import decode, prompt_ids
 from prime_swarm.libs.rl.defaults import RL, WARM_START
 from prime_swarm.libs.rl.evaluate import heldout_reward
-from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, grpo_step, make_optimizer
+from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, make_optimizer
 from prime_swarm.libs.rl.loss import LossConfig
 from prime_swarm.libs.rl.sft import warm_start
+from prime_swarm.libs.rl.step import train_step
 from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.libs.rollout.recompute import prefill_hidden
@@ -153,7 +154,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict:
             batch += groups
             rejected += bad
         clock.start()
-        stats = grpo_step(trainer, opt, batch, cfg)
+        stats = train_step(trainer, opt, batch, cfg)
         clock.stop("train")
         wall += time.perf_counter() - w0
         versions[step] = copy.deepcopy(trainer.module.state_dict())

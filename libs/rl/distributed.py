@@ -1,8 +1,7 @@
-"""The GRPO step sharded over ranks with FSDP2 (`fully_shard`): the library half of a multi-rank
-trainer (launched by torchrun; the service loop lives elsewhere).
+"""Ranks for the training step (step.py) with FSDP2 (`fully_shard`): joining torchrun's group,
+sharding the model, each rank's share of a step, the collectives the step's stats need, and full
+checkpoints (the service loop lives elsewhere).
 
-Every rank plans the whole (broadcast) batch, so advantages and the token denominator are global
-without a collective; each rank then forwards and backwards its own share of the rollouts.
 FSDP2 reduce-scatters *sums* of the gradients (each share's loss is already divided by the global
 denominator), so the sharded gradient is exactly the single-process one, and clipping, AdamW and
 the stats follow from it.
@@ -36,18 +35,8 @@ from torch.utils._pytree import tree_map, tree_map_only
 
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.rl.forward import PromptCompletion
-from prime_swarm.libs.rl.grpo import (
-    Forward,
-    GRPOConfig,
-    Item,
-    RolloutGroup,
-    completion_forward,
-    item_tokens,
-    micro_batch_loss,
-    plan_step,
-    split_micro_batches,
-)
-from prime_swarm.libs.rl.loss import SUMMED, merge_stats
+from prime_swarm.libs.rl.grpo import Forward, Item, item_tokens
+from prime_swarm.libs.rl.loss import SUMMED
 
 T = TypeVar("T")
 
@@ -199,7 +188,7 @@ def rank_share(items: Sequence[Item], rank: int, world_size: int) -> list[Item]:
 _EXTREMES = (("ratio_min", -1.0), ("ratio_max", 1.0), ("is_weight_max", 1.0))
 
 
-def _all_reduce_stats(parts: list[dict[str, float]], ctx: DistContext) -> list[dict[str, float]]:
+def all_reduce_stats(parts: list[dict[str, float]], ctx: DistContext) -> list[dict[str, float]]:
     """This rank's micro-batch stats -> one part holding the whole step's sums and extremes."""
     if not ctx.distributed:
         return parts
@@ -220,71 +209,12 @@ def _all_reduce_stats(parts: list[dict[str, float]], ctx: DistContext) -> list[d
     return [merged]
 
 
-def _max_over_ranks(n: int, ctx: DistContext) -> int:
+def max_over_ranks(n: int, ctx: DistContext) -> int:
     if not ctx.distributed:
         return n
     t = torch.tensor([n], dtype=torch.int64, device=ctx.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
-
-
-def distributed_step(
-    model: CausalLM,
-    optimizer: torch.optim.Optimizer,
-    batch: Sequence[RolloutGroup],
-    cfg: GRPOConfig | None = None,
-    ctx: DistContext | None = None,
-    *,
-    ref_model: CausalLM | None = None,
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-    constant_tokens: int | None = None,
-) -> dict[str, float]:
-    """`grpo_step` over all ranks: call it on every rank with the same `batch` (see
-    `broadcast_batch`); every rank returns the step's merged stats.
-
-    Every rank runs the same number of micro-batches, because FSDP's forward and backward are
-    collectives: a rank whose share needs fewer repeats the step's shortest item with a zero
-    loss. The stats add `micro_batches`, the forward/backward passes each rank ran.
-    """
-    cfg = cfg or GRPOConfig()
-    ctx = ctx or DistContext(0, 1, model.device)
-    # The whole batch on every rank: the denominator (and the advantages) are global as planned.
-    plan = plan_step(batch, cfg, constant_tokens)
-    stats = {**plan.stats, **merge_stats([], plan.denominator), "grad_norm": 0.0}
-    if not plan.items:
-        # Every rank sees the same plan, so every rank skips the step together.
-        return stats
-    mine = split_micro_batches(rank_share(plan.items, ctx.rank, ctx.world_size), cfg)
-    rounds = _max_over_ranks(len(mine), ctx)
-    filler = [min(plan.items, key=item_tokens)]
-    forward = sharded_forward(completion_forward(cfg))
-    model.module.train()
-    optimizer.zero_grad(set_to_none=True)
-    parts = []
-    for k in range(rounds):
-        real = k < len(mine)
-        loss, part = micro_batch_loss(
-            model, mine[k] if real else filler, plan.denominator, cfg, ref_model, forward
-        )
-        # The filler's graph is the real thing's (same collectives); times 0 it adds nothing.
-        (loss if real else loss * 0.0).backward()
-        if real:
-            parts.append(part)
-    # On sharded (DTensor) gradients clip_grad_norm_ computes the global norm (its partial
-    # sums are all-reduced) and returns it as a replicated DTensor.
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.module.parameters(), cfg.max_grad_norm)
-    if isinstance(grad_norm, DTensor):
-        grad_norm = grad_norm.full_tensor()
-    optimizer.step()
-    if scheduler is not None:
-        scheduler.step()
-    model.module.eval()
-    stats.update(
-        merge_stats(_all_reduce_stats(parts, ctx), plan.denominator),
-        grad_norm=float(grad_norm),
-        micro_batches=float(rounds),
-    )
-    return stats
 
 
 # ------------------------------------------------------------------ checkpoints

@@ -39,9 +39,18 @@ def rewards_for(
 
 
 def heldout_reward(
-    lm: CausalLM, env: Env, n_tasks: int, seed: int, temperature: float = 0.0
+    lm: CausalLM,
+    env: Env,
+    n_tasks: int,
+    seed: int,
+    temperature: float = 0.0,
+    max_new_tokens: int | None = None,
 ) -> float:
-    """Mean reward over `n_tasks` held-out tasks (greedy by default, so it is noise-free)."""
+    """Mean reward over `n_tasks` held-out tasks (greedy by default, so it is noise-free).
+    `max_new_tokens`: the pool's cap (a chatty instruct model needs more than the answer's
+    length); default, the env's longest answer plus EOS."""
     tasks = env.sample_tasks(seed, n_tasks, "heldout")
-    rewards = rewards_for(lm, env, tasks, temperature=temperature, seed=seed)
+    rewards = rewards_for(
+        lm, env, tasks, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens
+    )
     return sum(rewards) / max(len(rewards), 1)

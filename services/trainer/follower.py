@@ -9,13 +9,13 @@ from prime_swarm.libs.model.io import load_pretrained
 from prime_swarm.libs.rl.distributed import (
     DistContext,
     broadcast_batch,
-    distributed_step,
     full_optimizer_state_dict,
     full_state_dict,
     load_full_optimizer_state_dict,
     shard_model,
 )
 from prime_swarm.libs.rl.grpo import make_optimizer, make_scheduler
+from prime_swarm.libs.rl.step import train_step
 
 from .settings import TrainerSettings
 
@@ -31,7 +31,7 @@ def follow(settings: TrainerSettings, ctx: DistContext) -> None:
         sched.load_state_dict(scheduler_state)
     cfg = settings.grpo
     while (groups := broadcast_batch(None, ctx)) is not None:
-        distributed_step(
+        train_step(
             model, opt, groups, cfg, ctx, scheduler=sched, constant_tokens=settings.step_tokens
         )
         full_optimizer_state_dict(model, opt, ctx)

@@ -19,13 +19,13 @@ from prime_swarm.libs.rl.advantages import is_informative
 from prime_swarm.libs.rl.distributed import (
     DistContext,
     broadcast_batch,
-    distributed_step,
     full_optimizer_state_dict,
     full_state_dict,
     load_full_optimizer_state_dict,
     shard_model,
 )
 from prime_swarm.libs.rl.grpo import Rollout, make_optimizer, make_scheduler
+from prime_swarm.libs.rl.step import train_step
 from prime_swarm.libs.rollout.admission import is_fresh
 from prime_swarm.libs.shardcast.client import make_http_client
 from prime_swarm.libs.shardcast.publish import publish_version
@@ -230,7 +230,7 @@ class Trainer:
             for r in batch
         ]
         broadcast_batch(groups, self.ctx)
-        stats = distributed_step(
+        stats = train_step(
             self.model,
             self.opt,
             groups,

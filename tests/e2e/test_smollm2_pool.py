@@ -20,12 +20,11 @@ STEPS = 2
 
 @pytest.mark.timeout(600)
 def test_smollm2_rollouts_are_verified_attested_and_trained(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     # The untuned model rarely answers `a+b=` exactly (chat-formatted), so most groups score 0:
     # the trainer takes such groups here instead of waiting for informative ones, because what
     # this run checks is that a 30-layer model's honest work passes verification at every step.
-    monkeypatch.setenv("PRIME_TRAINER_FILTER_ZERO_VARIANCE", "false")
     run = run_small_pool(
         tmp_path_factory.mktemp("run"),
         smollm2_dir(REPO / ".cache" / "models"),
@@ -34,6 +33,7 @@ def test_smollm2_rollouts_are_verified_attested_and_trained(
         groups_per_step=2,
         lease_batch=2,
         eval_tasks=4,
+        filter_zero_variance=False,
         recipe=Recipe(env="arith", group_size=4, max_new_tokens=24),
     )
     try:

@@ -1,5 +1,5 @@
 """Run by test_trainer_fsdp.py under torchrun (2 CPU ranks, gloo): train the tiny model with
-FSDP2 and compare with single-process `grpo_step`s of the same batch, on rank 0. Prints one JSON
+FSDP2 and compare with single-process `train_step`s of the same batch, on rank 0. Prints one JSON
 line (rank 0) with the largest differences found.
 
 Usage: python -m torch.distributed.run --nproc-per-node 2 ... fsdp_probe.py
@@ -22,7 +22,6 @@ from prime_swarm.libs.rl.distributed import (
     DistContext,
     broadcast_batch,
     close_distributed,
-    distributed_step,
     full_optimizer_state_dict,
     full_state_dict,
     init_distributed,
@@ -36,11 +35,11 @@ from prime_swarm.libs.rl.grpo import (
     GRPOConfig,
     Item,
     Rollout,
-    grpo_step,
     item_tokens,
     plan_step,
     split_micro_batches,
 )
+from prime_swarm.libs.rl.step import train_step
 
 BOS, EOS = 257, 258
 STEPS = 3
@@ -115,7 +114,7 @@ def variant(ctx: DistContext, batch: list[list[Rollout]], cfg: GRPOConfig) -> di
     opt = _adamw(lm)
     dist_stats, grads = [], {}
     for step in range(STEPS):
-        dist_stats.append(distributed_step(lm, opt, batch, cfg, ctx))
+        dist_stats.append(train_step(lm, opt, batch, cfg, ctx))
         if step == 0:
             grads = _grads(lm)
     weights = full_state_dict(lm, ctx)
@@ -129,8 +128,8 @@ def variant(ctx: DistContext, batch: list[list[Rollout]], cfg: GRPOConfig) -> di
     opt2 = _adamw(resumed)
     load_full_state_dict(resumed, weights, ctx)
     load_full_optimizer_state_dict(resumed, opt2, optim, ctx)
-    distributed_step(lm, opt, batch, cfg, ctx)
-    distributed_step(resumed, opt2, batch, cfg, ctx)
+    train_step(lm, opt, batch, cfg, ctx)
+    train_step(resumed, opt2, batch, cfg, ctx)
     after, after_resumed = full_state_dict(lm, ctx), full_state_dict(resumed, ctx)
 
     items = plan_step(batch, cfg).items
@@ -145,7 +144,7 @@ def variant(ctx: DistContext, batch: list[list[Rollout]], cfg: GRPOConfig) -> di
     ref_opt = _adamw(ref)
     ref_stats, ref_grads = [], {}
     for step in range(STEPS):
-        ref_stats.append(grpo_step(ref, ref_opt, batch, cfg))
+        ref_stats.append(train_step(ref, ref_opt, batch, cfg))
         if step == 0:
             ref_grads = _grads(ref)
     single = DistContext(0, 1, torch.device("cpu"))
@@ -169,7 +168,7 @@ def variant(ctx: DistContext, batch: list[list[Rollout]], cfg: GRPOConfig) -> di
         # Sequences that shared a row with another (when packing): rows saved by packing.
         "rows_saved": (
             sum(len(mb) - len(pack_rows(_widths(mb), max(_widths(mb)))) for mb in mbs)
-            if cfg.packing
+            if cfg.layout == "packed"
             else 0
         ),
     }
@@ -183,8 +182,8 @@ def main() -> None:
     # Budgets small enough for gradient accumulation, and for the two ranks to need different
     # numbers of micro-batches (the shorter share runs a zero-loss filler).
     result = {
-        name: variant(ctx, batch, GRPOConfig(micro_batch_tokens=budget, packing=packing))
-        for name, packing, budget in (("padded", False, 40), ("packed", True, 30))
+        name: variant(ctx, batch, GRPOConfig(micro_batch_tokens=budget, layout=name))
+        for name, budget in (("padded", 40), ("packed", 30), ("shared_prompt", 30))
     }
     close_distributed(ctx, finished=True)
     if ctx.is_main:

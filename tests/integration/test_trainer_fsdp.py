@@ -26,7 +26,6 @@ from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.rl.distributed import (
     DistContext,
-    distributed_step,
     full_optimizer_state_dict,
     full_state_dict,
     init_distributed,
@@ -38,11 +37,11 @@ from prime_swarm.libs.rl.distributed import (
 from prime_swarm.libs.rl.grpo import (
     GRPOConfig,
     Rollout,
-    grpo_step,
     item_tokens,
     make_optimizer,
     plan_step,
 )
+from prime_swarm.libs.rl.step import train_step
 
 PROBE = Path(__file__).with_name("fsdp_probe.py")
 
@@ -87,7 +86,7 @@ def probe() -> dict[str, Any]:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("variant", ["padded", "packed"])
+@pytest.mark.parametrize("variant", ["padded", "packed", "shared_prompt"])
 def test_two_ranks_train_as_one_process(probe: dict[str, Any], variant: str) -> None:
     r = probe[variant]
     # The comparison is not vacuous: the ranks needed different numbers of micro-batches (the
@@ -132,9 +131,9 @@ def test_outside_torchrun_everything_is_the_single_process_step(
     assert not ctx.distributed and ctx.is_main and ctx.world_size == 1
     batch, cfg = _batch(), GRPOConfig(micro_batch_tokens=40)
     a, b = _lm(), shard_model(_lm(), ctx)
-    sa = grpo_step(a, make_optimizer(a, lr=1e-3), batch, cfg)
-    sb = distributed_step(b, make_optimizer(b, lr=1e-3), batch, cfg, ctx)
-    assert sb.pop("micro_batches") >= 2
+    sa = train_step(a, make_optimizer(a, lr=1e-3), batch, cfg)
+    sb = train_step(b, make_optimizer(b, lr=1e-3), batch, cfg, ctx)
+    assert sb["micro_batches"] >= 2
     assert sa == sb
     for x, y in zip(a.module.parameters(), b.module.parameters(), strict=True):
         assert torch.equal(x, y)
@@ -145,7 +144,7 @@ def test_single_process_checkpoints_round_trip_without_aliasing() -> None:
     batch = _batch()
     lm = _lm()
     opt = make_optimizer(lm, lr=1e-3)
-    distributed_step(lm, opt, batch, None, ctx)
+    train_step(lm, opt, batch, None, ctx)
     weights, optim = full_state_dict(lm, ctx), full_optimizer_state_dict(lm, opt, ctx)
     assert weights is not None and optim is not None
     snapshot = tree_map_only(torch.Tensor, torch.clone, (weights, optim))
@@ -154,8 +153,8 @@ def test_single_process_checkpoints_round_trip_without_aliasing() -> None:
     other_opt = make_optimizer(other, lr=1e-3)
     load_full_state_dict(other, weights, ctx)
     load_full_optimizer_state_dict(other, other_opt, optim, ctx)
-    distributed_step(lm, opt, batch, None, ctx)
-    distributed_step(other, other_opt, batch, None, ctx)
+    train_step(lm, opt, batch, None, ctx)
+    train_step(other, other_opt, batch, None, ctx)
     for x, y in zip(lm.module.parameters(), other.module.parameters(), strict=True):
         assert torch.equal(x, y)
     # Neither training the source nor training what was loaded from it moved the checkpoint.

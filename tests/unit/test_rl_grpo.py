@@ -12,8 +12,9 @@ from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.logprobs import token_logprobs
 from prime_swarm.libs.model.tokenizer import build_tokenizer, prompt_ids
 from prime_swarm.libs.rl.forward import forward_completions
-from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, grpo_step, make_optimizer
+from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, make_optimizer
 from prime_swarm.libs.rl.loss import LossConfig
+from prime_swarm.libs.rl.step import train_step
 
 BOS, EOS = 257, 258
 
@@ -49,7 +50,7 @@ def test_step_moves_probability_toward_the_better_completion(temperature: float)
         for comp, reward in ((good, 1.0), (bad, 0.0))
     ]
     before = _seq_logprob(lm, prompt, good) - _seq_logprob(lm, prompt, bad)
-    stats = grpo_step(lm, make_optimizer(lm, lr=1e-2), [rollouts], GRPOConfig())
+    stats = train_step(lm, make_optimizer(lm, lr=1e-2), [rollouts], GRPOConfig())
     after = _seq_logprob(lm, prompt, good) - _seq_logprob(lm, prompt, bad)
     assert after > before + 0.1
     assert not lm.module.training  # back in eval mode for generation
@@ -73,7 +74,7 @@ def test_the_ratio_uses_the_rollout_temperature() -> None:
         Rollout(prompt, comp, _logprobs(lm, prompt, comp, 1.0), reward, temperature=0.5)
         for comp, reward in ((good, 1.0), (bad, 0.0))
     ]
-    stats = grpo_step(lm, make_optimizer(lm, lr=1e-6), [rollouts])
+    stats = train_step(lm, make_optimizer(lm, lr=1e-6), [rollouts])
     assert abs(stats["ratio_mean"] - 1.0) > 1e-3
 
 
@@ -87,7 +88,9 @@ def test_stale_behaviour_logprobs_are_clipped() -> None:
         Rollout(prompt, comp, [lp - 1.0 for lp in _logprobs(lm, prompt, comp, 1.0)], reward)
         for comp, reward in ((good, 1.0), (bad, 0.0))
     ]
-    stats = grpo_step(lm, make_optimizer(lm), [rollouts], GRPOConfig(loss=LossConfig(eps_high=0.2)))
+    stats = train_step(
+        lm, make_optimizer(lm), [rollouts], GRPOConfig(loss=LossConfig(eps_high=0.2))
+    )
     assert stats["ratio_mean"] == pytest.approx(torch.e, rel=1e-4)
     assert stats["clip_frac"] == pytest.approx(len(good) / (len(good) + len(bad)), abs=1e-6)
 
@@ -101,7 +104,7 @@ def test_groups_without_signal_leave_weights_untouched() -> None:
         Rollout(prompt, _answer(lm, "7"), [-1.0, -1.0], 0.5),
     ]
     opt = make_optimizer(lm, lr=1e-2)
-    stats = grpo_step(lm, opt, [same])
+    stats = train_step(lm, opt, [same])
     assert stats["rollouts_used"] == 0.0 and stats["tokens"] == 0.0
     assert stats["reward_mean"] == pytest.approx(0.5, abs=1e-12)
     # No step at all (not a zero step: AdamW would still move weights through its state).
@@ -118,7 +121,7 @@ def test_behaviour_logprobs_must_match_the_completion() -> None:
         Rollout(prompt, _answer(lm, "7"), [-1.0, -1.0], 0.0),
     ]
     with pytest.raises(ValueError, match="one entry per completion token"):
-        grpo_step(lm, make_optimizer(lm), [group])
+        train_step(lm, make_optimizer(lm), [group])
 
 
 def test_micro_batches_accumulate_to_the_one_batch_gradient() -> None:
@@ -141,7 +144,7 @@ def test_micro_batches_accumulate_to_the_one_batch_gradient() -> None:
         ]
         opt = torch.optim.SGD(lm.module.parameters(), lr=0.0)
         cfg = GRPOConfig(micro_batch_tokens=budget)
-        stats = grpo_step(lm, opt, groups, cfg)
+        stats = train_step(lm, opt, groups, cfg)
         grads.append(([p.grad.clone() for p in lm.module.parameters()], stats))
     (g1, s1), (g2, s2) = grads
     assert s1["tokens"] == s2["tokens"]

@@ -1,0 +1,38 @@
+"""`prime-swarm up --model smollm2`: one flag brings the real model's task and shape, and anything
+set explicitly beside it still wins."""
+
+from __future__ import annotations
+
+import pytest
+
+from prime_swarm.deploy.local.cli import main
+from prime_swarm.deploy.local.settings import REAL_MODEL_PRESET, LocalNetworkSettings
+
+
+def test_the_tiny_default_is_untouched() -> None:
+    s = LocalNetworkSettings()
+    assert s.model == "tiny" and s.recipe.env == "reverse" and s.filter_zero_variance
+
+
+def test_smollm2_brings_its_task_and_shape() -> None:
+    s = LocalNetworkSettings(model="smollm2")
+    assert s.recipe.env == "addition" and s.recipe.max_new_tokens == 24
+    assert s.worker_backends == ["vllm"] and not s.filter_zero_variance
+    assert s.steps == REAL_MODEL_PRESET["steps"] and s.lr == REAL_MODEL_PRESET["lr"]
+    task = s.recipe.environment().sample_tasks(0, 1, "train")[0]
+    assert task.prompt[0].content.endswith("Reply with just the number.")
+
+
+def test_explicit_settings_win_over_the_preset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRIME_RECIPE_MAX_NEW_TOKENS", "32")
+    monkeypatch.setenv("PRIME_UP_STEPS", "3")
+    s = LocalNetworkSettings(model="smollm2", worker_backends=["hf"])
+    assert (s.steps, s.worker_backends, s.recipe.max_new_tokens) == (3, ["hf"], 32)
+    assert s.recipe.env == "addition"  # what was not set still comes from the preset
+
+
+def test_an_unknown_model_is_one_line_naming_the_flag(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["up", "--model", "gpt5"])
+    assert exc.value.code == 2
+    assert "--model" in capsys.readouterr().err
