@@ -62,25 +62,27 @@ from eth_account.signers.local import LocalAccount
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
-from redis import Redis
 from requests.auth import AuthBase
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import Failure
 
+from prime_swarm.deploy.local.pool import (
+    announce_placeholder_policy,
+    create_pool,
+    orchestrator_env,
+    stake_member,
+    start_orchestrator,
+)
 from prime_swarm.libs.chain.anvil import Anvil
-from prime_swarm.libs.chain.client import LedgerClient
-from prime_swarm.libs.chain.deploy import deploy_ledger
 from prime_swarm.libs.localnet.ports import free_port
 from prime_swarm.libs.localnet.process import ManagedProcess
 from prime_swarm.libs.localnet.redis_server import RedisServer
 from prime_swarm.libs.shardcast import publish_version, wait_for_version
-from prime_swarm.protocol import streams
 from prime_swarm.protocol.manifest_signing import model_hash, sign_manifest
 from prime_swarm.protocol.messages import (
     FileEntry,
     Manifest,
-    PolicyAnnouncement,
     ShardInfo,
     SignedManifest,
 )
@@ -163,36 +165,18 @@ def orchestrator_stack(
 ) -> Iterator[OrchestratorStack]:
     """Ledger deployed, pool created, a member staked and registered, a policy announced."""
     trainer, member, outsider = Account.create(), Account.create(), Account.create()
-    ledger_addr = deploy_ledger(rpc_url, owner).address
-    owner_client = LedgerClient(rpc_url, ledger_addr, account=owner, timeout=30)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    pool_id = owner_client.create_pool(url, 10**18, 1, trainer.address)
-    owner_client.w3.provider.make_request("anvil_setBalance", [member.address, hex(5 * 10**18)])
-    LedgerClient(rpc_url, ledger_addr, account=member, timeout=30).join(pool_id, 10**18)
-    r = Redis.from_url(redis_url, socket_timeout=10)
-    r.flushdb()
-    ann = PolicyAnnouncement(
-        version=POLICY_VERSION,
-        step=POLICY_VERSION,
-        model_hash="ab" * 32,
-        manifest_path=f"/v1/versions/{POLICY_VERSION}/manifest",
-    )
-    r.xadd(streams.POLICY_ANNOUNCEMENTS, streams.encode(ann))
-    r.close()
+    ledger_addr, pool_id = create_pool(rpc_url, owner, url, trainer.address)
+    stake_member(rpc_url, ledger_addr, pool_id, member, 10**18)
+    announce_placeholder_policy(redis_url, POLICY_VERSION)
     env = {
-        "PRIME_ORCH_PORT": str(port),
-        "PRIME_ORCH_REDIS_URL": redis_url,
-        "PRIME_ORCH_RPC_URL": rpc_url,
-        "PRIME_ORCH_LEDGER_ADDRESS": ledger_addr,
-        "PRIME_ORCH_POOL_ID": str(pool_id),
-        "PRIME_ORCH_RELAYS": '["http://127.0.0.1:1"]',
+        **orchestrator_env(port, redis_url, rpc_url, ledger_addr, pool_id),
         "PRIME_ORCH_LOG_LEVEL": "WARNING",
         **ORCHESTRATOR_ENV,
     }
-    proc = ManagedProcess("orchestrator", [console_script("prime-orchestrator")], work, env=env)
+    proc = start_orchestrator(work, env, timeout_s=60)
     try:
-        proc.wait_http(f"{url}/healthz", timeout_s=60)
         planner = OrchestratorPlanner(member, outsider, pool_id)
         planner.prime(url)
         target = Target("orchestrator", url, proc, planner)

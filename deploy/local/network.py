@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,11 +14,9 @@ from pathlib import Path
 
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
-from web3 import Web3
 
 from prime_swarm.libs.chain.anvil import Anvil
 from prime_swarm.libs.chain.client import LedgerClient
-from prime_swarm.libs.chain.deploy import deploy_ledger
 from prime_swarm.libs.chain.keyfile import write_key
 from prime_swarm.libs.localnet.ports import free_port
 from prime_swarm.libs.localnet.process import ManagedProcess, ProcessFailed
@@ -28,13 +25,8 @@ from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import StepProgress, Verdict
 from prime_swarm.services.trainer import progress
 
+from .pool import create_pool, fund, orchestrator_env, script, start_orchestrator
 from .settings import LocalNetworkSettings
-
-
-def _script(name: str) -> str:
-    """The console script next to this interpreter (the venv's), so PATH does not matter."""
-    candidate = Path(sys.executable).parent / name
-    return str(candidate) if candidate.exists() else name
 
 
 @dataclass
@@ -93,16 +85,19 @@ class LocalNetwork:
         t.trainer_address = trainer.address
         t.validators = [v.address for v in validators]
 
-        t.ledger = deploy_ledger(t.rpc_url, owner, unbonding_blocks=self.s.unbonding_blocks).address
         orch_port = free_port()
         t.orchestrator_url = f"http://127.0.0.1:{orch_port}"
-        ledger = LedgerClient(t.rpc_url, t.ledger, account=owner, timeout=30)
-        t.pool_id = ledger.create_pool(
-            t.orchestrator_url, self.s.min_stake_wei, self.s.reward_per_unit_wei, trainer.address
+        t.ledger, t.pool_id = create_pool(
+            t.rpc_url,
+            owner,
+            t.orchestrator_url,
+            trainer.address,
+            min_stake_wei=self.s.min_stake_wei,
+            reward_per_unit_wei=self.s.reward_per_unit_wei,
+            unbonding_blocks=self.s.unbonding_blocks,
+            validators=t.validators,
+            fund_wei=10 * 10**18,
         )
-        for v in validators:
-            ledger.register_validator(t.pool_id, v.address)
-        ledger.fund_pool(t.pool_id, 10 * 10**18)
 
         # Relays keep every version whose rollouts can still be admitted, plus the one in flight.
         keep = self.s.recipe.async_level + 2
@@ -112,7 +107,7 @@ class LocalNetwork:
         self._spawn(
             "origin",
             [
-                _script("prime-relay"),
+                script("prime-relay"),
                 "origin",
                 "--port",
                 str(origin_port),
@@ -127,7 +122,7 @@ class LocalNetwork:
         self._spawn(
             "relay",
             [
-                _script("prime-relay"),
+                script("prime-relay"),
                 "relay",
                 "--port",
                 str(relay_port),
@@ -144,7 +139,7 @@ class LocalNetwork:
 
         self._spawn(
             "trainer",
-            [_script("prime-trainer")],
+            [script("prime-trainer")],
             env={
                 "PRIME_TRAINER_REDIS_URL": t.redis_url,
                 "PRIME_TRAINER_ORIGIN_URL": t.origin_url,
@@ -161,16 +156,13 @@ class LocalNetwork:
         )
         for i in range(self.s.validators):
             self._spawn_validator(i)
-        self._spawn(
-            "orchestrator",
-            [_script("prime-orchestrator")],
-            env={
-                "PRIME_ORCH_PORT": str(orch_port),
-                "PRIME_ORCH_REDIS_URL": t.redis_url,
-                "PRIME_ORCH_RPC_URL": t.rpc_url,
-                "PRIME_ORCH_LEDGER_ADDRESS": t.ledger,
-                "PRIME_ORCH_POOL_ID": str(t.pool_id),
-                "PRIME_ORCH_RELAYS": self.sources,
+        self.procs["orchestrator"] = start_orchestrator(
+            self.logs,
+            {
+                **self.env,
+                **orchestrator_env(
+                    orch_port, t.redis_url, t.rpc_url, t.ledger, t.pool_id, self.sources
+                ),
                 # The local pool ejects workers that vanish (killed, crashed) after two minutes.
                 "PRIME_ORCH_OWNER_KEY_FILE": str(self.keys / "owner.json"),
                 "PRIME_ORCH_EJECT_AFTER_S": "120",
@@ -180,7 +172,7 @@ class LocalNetwork:
                 # groups as stale for no more trained completions per second.
                 "PRIME_ORCH_MAX_IN_FLIGHT_GROUPS": str(self.s.groups_per_step),
             },
-        ).wait_http(f"{t.orchestrator_url}/healthz")
+        )
         for _ in range(self.s.workers):
             self.add_worker()
         return t
@@ -189,7 +181,7 @@ class LocalNetwork:
         t = self.topo
         self._spawn(
             f"validator-{i}",
-            [_script("prime-validator")],
+            [script("prime-validator")],
             env={
                 "PRIME_VALIDATOR_REDIS_URL": t.redis_url,
                 "PRIME_VALIDATOR_RPC_URL": t.rpc_url,
@@ -223,7 +215,7 @@ class LocalNetwork:
         self._spawn(
             f"worker-{i}",
             [
-                *(command or [_script("prime-worker")]),
+                *(command or [script("prime-worker")]),
                 "join",
                 "--pool",
                 str(t.pool_id),
@@ -290,9 +282,7 @@ class LocalNetwork:
         return proc
 
     def _fund(self, account: LocalAccount, wei: int) -> None:
-        # A dev-chain shortcut; on a real chain the contributor funds their own address.
-        w3 = Web3(Web3.HTTPProvider(self.topo.rpc_url, request_kwargs={"timeout": 10}))
-        w3.provider.make_request("anvil_setBalance", [account.address, hex(wei)])
+        fund(self.topo.rpc_url, account.address, wei)
 
     # ------------------------------------------------------------------ watch
     def follow(

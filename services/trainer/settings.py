@@ -9,7 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prime_swarm.libs.observability.logs import LogLevel
 from prime_swarm.libs.rl.defaults import RL
-from prime_swarm.libs.rl.grpo import GRPOConfig
+from prime_swarm.libs.rl.grpo import GRPOConfig, Layout
 from prime_swarm.libs.rl.loss import LossConfig
 from prime_swarm.libs.rollout.recipe import Recipe
 
@@ -41,6 +41,12 @@ class TrainerSettings(BaseSettings):
     max_grad_norm: float = Field(RL.max_grad_norm, gt=0, description="Gradient clipping norm.")
     micro_batch_tokens: int = Field(
         8192, ge=1, description="Padded tokens per forward/backward (gradient accumulation)."
+    )
+    layout: Layout = Field(
+        "shared_prompt",
+        description="How a micro-batch meets the model: shared_prompt (each distinct prompt "
+        "run once, its completions reach it through the KV cache), packed or padded; the same "
+        "gradients.",
     )
     filter_zero_variance: bool = Field(
         True,
@@ -75,6 +81,7 @@ class TrainerSettings(BaseSettings):
             loss=self.loss,
             max_grad_norm=self.max_grad_norm,
             micro_batch_tokens=self.micro_batch_tokens,
+            layout=self.layout,
         )
 
     @property

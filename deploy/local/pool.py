@@ -1,0 +1,112 @@
+"""A pool on the chain and the orchestrator in front of it: the one bring-up of both.
+
+The local network (network.py: `make up`, chaos, the end-to-end tests, the trainer and hostile
+benches) starts its pool and orchestrator here, and so do the integration tests and the benches
+that need an orchestrator without a training network (fuzz, orchestrator bench): one order of
+deployment, one set of orchestrator variables, one readiness check.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import redis
+from eth_account.signers.local import LocalAccount
+
+from prime_swarm.libs.chain.client import LedgerClient
+from prime_swarm.libs.chain.deploy import deploy_ledger
+from prime_swarm.libs.localnet.process import ManagedProcess
+from prime_swarm.protocol import streams
+from prime_swarm.protocol.messages import PolicyAnnouncement
+
+# Where an orchestrator with no relays behind it points workers: nothing listens there.
+NO_RELAYS = '["http://127.0.0.1:1"]'
+
+
+def script(name: str) -> str:
+    """The console script next to this interpreter (the venv's), so PATH does not matter."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+def create_pool(
+    rpc_url: str,
+    owner: LocalAccount,
+    orchestrator_url: str,
+    trainer: str,
+    *,
+    min_stake_wei: int = 10**18,
+    reward_per_unit_wei: int = 1,
+    unbonding_blocks: int | None = None,
+    validators: Sequence[str] = (),
+    fund_wei: int = 0,
+) -> tuple[str, int]:
+    """Deploy a ledger, create a pool on it, register `validators`, fund its rewards.
+    Returns (ledger address, pool id)."""
+    deploy_kw = {} if unbonding_blocks is None else {"unbonding_blocks": unbonding_blocks}
+    ledger = deploy_ledger(rpc_url, owner, **deploy_kw).address
+    client = LedgerClient(rpc_url, ledger, account=owner, timeout=30)
+    pool_id = client.create_pool(orchestrator_url, min_stake_wei, reward_per_unit_wei, trainer)
+    for v in validators:
+        client.register_validator(pool_id, v)
+    if fund_wei:
+        client.fund_pool(pool_id, fund_wei)
+    return ledger, pool_id
+
+
+def fund(rpc_url: str, address: str, wei: int) -> None:
+    """A dev-chain shortcut; on a real chain the contributor funds their own address."""
+    client = LedgerClient(rpc_url, "0x" + "00" * 20, account=None, timeout=10)
+    client.w3.provider.make_request("anvil_setBalance", [address, hex(wei)])
+
+
+def stake_member(rpc_url: str, ledger: str, pool_id: int, account: LocalAccount, wei: int) -> None:
+    """Fund `account` and stake `wei` in the pool: a worker that joined."""
+    fund(rpc_url, account.address, 5 * wei)
+    LedgerClient(rpc_url, ledger, account=account, timeout=30).join(pool_id, wei)
+
+
+def announce_placeholder_policy(redis_url: str, version: int) -> None:
+    """A fresh stream state with policy `version` announced, for an orchestrator that has no
+    trainer behind it (its leases name that version; nothing serves it)."""
+    r = redis.Redis.from_url(redis_url, socket_timeout=10)
+    try:
+        r.flushdb()
+        ann = PolicyAnnouncement(
+            version=version,
+            step=version,
+            model_hash="ab" * 32,
+            manifest_path=f"/v1/versions/{version}/manifest",
+        )
+        r.xadd(streams.POLICY_ANNOUNCEMENTS, streams.encode(ann))
+    finally:
+        r.close()
+
+
+def orchestrator_env(
+    port: int, redis_url: str, rpc_url: str, ledger: str, pool_id: int, relays: str = NO_RELAYS
+) -> dict[str, str]:
+    """The variables every orchestrator of a pool needs; callers add their own."""
+    return {
+        "PRIME_ORCH_PORT": str(port),
+        "PRIME_ORCH_REDIS_URL": redis_url,
+        "PRIME_ORCH_RPC_URL": rpc_url,
+        "PRIME_ORCH_LEDGER_ADDRESS": ledger,
+        "PRIME_ORCH_POOL_ID": str(pool_id),
+        "PRIME_ORCH_RELAYS": relays,
+    }
+
+
+def start_orchestrator(
+    logs: Path, env: dict[str, str], timeout_s: float = 30.0, name: str = "orchestrator"
+) -> ManagedProcess:
+    """The `prime-orchestrator` process with `env`, once it answers /healthz (stopped if not)."""
+    proc = ManagedProcess(name, [script("prime-orchestrator")], logs, env=env, cwd=Path.cwd())
+    try:
+        proc.wait_http(f"http://127.0.0.1:{env['PRIME_ORCH_PORT']}/healthz", timeout_s)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
