@@ -122,7 +122,13 @@ class LocalNetworkSettings(BaseSettings):
         """`model=smollm2` fills what it implies wherever nothing was set explicitly."""
         if not isinstance(data, dict) or data.get("model") != "smollm2":
             return data
-        data = {**REAL_MODEL_PRESET, **data}
+        # A subclass's own defaults stand (chaos's `steps` is a cap, not a budget).
+        preset = {
+            k: v
+            for k, v in REAL_MODEL_PRESET.items()
+            if cls.model_fields[k].default == LocalNetworkSettings.model_fields[k].default
+        }
+        data = {**preset, **data}
         if "recipe" not in data:
             given = Recipe()  # PRIME_RECIPE_* variables the user set win over the preset
             data["recipe"] = Recipe(

@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 
 from prime_swarm.deploy.local.cli import main
-from prime_swarm.deploy.local.settings import REAL_MODEL_PRESET, LocalNetworkSettings
+from prime_swarm.deploy.local.settings import (
+    REAL_MODEL_PRESET,
+    ChaosSettings,
+    LocalNetworkSettings,
+)
 
 
 def test_the_tiny_default_is_untouched() -> None:
@@ -29,6 +33,12 @@ def test_explicit_settings_win_over_the_preset(monkeypatch: pytest.MonkeyPatch) 
     s = LocalNetworkSettings(model="smollm2", worker_backends=["hf"])
     assert (s.steps, s.worker_backends, s.recipe.max_new_tokens) == (3, ["hf"], 32)
     assert s.recipe.env == "addition"  # what was not set still comes from the preset
+
+
+def test_chaos_keeps_its_own_step_cap_on_the_real_model() -> None:
+    s = ChaosSettings(model="smollm2")
+    assert s.steps == ChaosSettings.model_fields["steps"].default
+    assert s.recipe.env == "addition" and s.worker_backends == ["vllm"]
 
 
 def test_an_unknown_model_is_one_line_naming_the_flag(capsys: pytest.CaptureFixture) -> None:
