@@ -77,7 +77,7 @@ from prime_swarm.deploy.local.pool import (
     orchestrator_env,
     start_orchestrator,
 )
-from prime_swarm.libs.chain.anvil import Anvil
+from prime_swarm.libs.chain.anvil import Anvil, set_balance
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.localnet.ports import free_port
 from prime_swarm.libs.localnet.process import ManagedProcess
@@ -534,13 +534,12 @@ def micro_baselines(redis_url: str, account: LocalAccount, body: bytes) -> dict[
     }
 
 
-def stake_workers(rpc_url: str, ledger: str, owner: LocalAccount, pool_id: int, n: int) -> list:
+def stake_workers(rpc_url: str, ledger: str, pool_id: int, n: int) -> list:
     """`n` fresh keys, funded and staked at the pool's minimum (a few threads: anvil mines each
     transaction as it comes)."""
     accounts = [Account.create() for _ in range(n)]
-    funder = LedgerClient(rpc_url, ledger, account=owner, timeout=60)
     for a in accounts:
-        funder.w3.provider.make_request("anvil_setBalance", [a.address, hex(5 * MIN_STAKE)])
+        set_balance(rpc_url, a.address, 5 * MIN_STAKE)
 
     def join(a: LocalAccount) -> None:
         LedgerClient(rpc_url, ledger, account=a, timeout=60).join(pool_id, MIN_STAKE)
@@ -579,7 +578,7 @@ def start_stack(stack: ExitStack, work: Path, workers: int, tokens: int | None) 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     ledger, pool_id = create_pool(node.rpc_url, owner, url, TRAINER, min_stake_wei=MIN_STAKE)
-    accounts = stake_workers(node.rpc_url, ledger, owner, pool_id, workers)
+    accounts = stake_workers(node.rpc_url, ledger, pool_id, workers)
     announce_placeholder_policy(server.url, POLICY_VERSION)
     r = server.client()
     # The consumer groups a deployment has, so the in-flight count reads them as it would there.

@@ -143,8 +143,10 @@ def main() -> None:
             result[name] = run_network(settings, init_dir, Path(tmp) / name)
             print(json.dumps(result[name]), file=sys.stderr)
     if args.only is None or "trl" in args.only:
+        from trl_baseline import run_trl
+
         print("TRL GRPOTrainer ...", file=sys.stderr)
-        result["trl"] = trl_like(base, init_dir)
+        result["trl"] = run_trl(init_dir, base)
     real = {"real-network", "real-trl"} if args.only is None or "real" in args.only else set()
     real |= {x for x in args.only or [] if x.startswith("real-")}
     if real:
@@ -167,27 +169,6 @@ def main() -> None:
     print(json.dumps(result["ratios"], indent=2))
 
 
-def trl_like(s: LocalNetworkSettings, init_dir: Path) -> dict:
-    """TRL's GRPOTrainer on what the network `s` runs: model, task, shape, optimizer."""
-    from trl_baseline import run_trl
-
-    recipe = s.recipe
-    return run_trl(
-        init_dir,
-        env_name=recipe.env,
-        env_args=recipe.env_args,
-        steps=s.steps,
-        prompts_per_step=s.groups_per_step,
-        group_size=recipe.group_size,
-        max_new_tokens=recipe.max_new_tokens,
-        temperature=recipe.temperature,
-        lr=s.lr,
-        seed=0,
-        eval_tasks=s.eval_tasks,
-        threads=2,
-    )
-
-
 def run_real(steps: int, parts: set[str], out: dict) -> dict:
     """The network and TRL on SmolLM2 (the `prime-swarm up --model smollm2` settings)."""
     s = LocalNetworkSettings(model="smollm2", steps=steps)
@@ -203,7 +184,9 @@ def run_real(steps: int, parts: set[str], out: dict) -> dict:
         print(json.dumps(out["network"]), file=sys.stderr)
     if "real-trl" in parts:
         print(f"TRL GRPOTrainer on SmolLM2, {steps} steps ...", file=sys.stderr)
-        trl = trl_like(s, init_dir)
+        from trl_baseline import run_trl
+
+        trl = run_trl(init_dir, s)
         out["trl"] = {
             "heldout_start": trl.pop("reward_start"),
             "heldout_end": trl.pop("reward_end"),

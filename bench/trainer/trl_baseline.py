@@ -23,17 +23,14 @@ from pathlib import Path
 
 import torch
 
-from prime_swarm.libs.environments import Env, load_env
-from prime_swarm.libs.model.io import load_pretrained, save_pretrained
+from prime_swarm.deploy.local.cli import heldout, prepare_model
+from prime_swarm.deploy.local.settings import LocalNetworkSettings
+from prime_swarm.libs.model.io import save_pretrained
 from prime_swarm.libs.model.tokenizer import chat_messages, prompt_ids
 from prime_swarm.libs.rl.defaults import RL, WARM_START
-from prime_swarm.libs.rl.evaluate import heldout_reward
 from prime_swarm.libs.rl.loss import LossConfig
-from prime_swarm.libs.rl.sft import warm_start
 from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.protocol.messages import Prompt
-
-EVAL_SEED = 12345  # the held-out seed the local network's summary uses
 
 
 def trl_prompts(tok, prompts: list[Prompt]) -> list[str]:
@@ -60,28 +57,10 @@ def trl_prompts(tok, prompts: list[Prompt]) -> list[str]:
     return out
 
 
-def _heldout(model_dir: Path, env: Env, eval_tasks: int, max_new_tokens: int) -> float:
-    return heldout_reward(
-        load_pretrained(model_dir), env, eval_tasks, seed=EVAL_SEED, max_new_tokens=max_new_tokens
-    )
-
-
-def run_trl(
-    model_dir: Path,
-    *,
-    env_name: str,
-    env_args: dict | None = None,
-    steps: int,
-    prompts_per_step: int,
-    group_size: int,
-    max_new_tokens: int,
-    temperature: float,
-    lr: float,
-    seed: int,
-    eval_tasks: int,
-    threads: int,
-) -> dict:
-    """Train `model_dir` with TRL's GRPOTrainer; timings, rewards and TRL's own per-step log."""
+def run_trl(model_dir: Path, s: LocalNetworkSettings, *, seed: int = 0, threads: int = 2) -> dict:
+    """Train `model_dir` with TRL's GRPOTrainer on what the local network `s` runs (its task,
+    recipe, steps, groups per step, learning rate, held-out evaluation); timings, rewards and
+    TRL's own per-step log."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from transformers.trainer_callback import PrinterCallback
@@ -89,8 +68,10 @@ def run_trl(
 
     torch.set_num_threads(threads)
     model_dir = Path(model_dir)
-    env = load_env(env_name, env_args)
-    reward_start = _heldout(model_dir, env, eval_tasks, max_new_tokens)
+    recipe = s.recipe
+    env = recipe.environment()
+    steps, prompts_per_step, group_size = s.steps, s.groups_per_step, recipe.group_size
+    reward_start = heldout(model_dir, s)
 
     tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
@@ -110,7 +91,7 @@ def run_trl(
         pairs = zip(task_id, completions, strict=True)
         return [env.reward(env.task_from_id(i), c) for i, c in pairs]
 
-    env_reward.__name__ = f"{env_name}_reward"
+    env_reward.__name__ = f"{env.name}_reward"
 
     class Timer(TrainerCallback):
         def __init__(self) -> None:
@@ -139,11 +120,11 @@ def run_trl(
             gradient_accumulation_steps=1,
             num_generations=group_size,
             max_steps=steps,
-            max_completion_length=max_new_tokens,
-            temperature=temperature,
+            max_completion_length=recipe.max_new_tokens,
+            temperature=recipe.temperature,
             top_p=1.0,
             top_k=0,  # 0 = no top-k filter: plain tempered sampling, as our workers do
-            learning_rate=lr,
+            learning_rate=s.lr,
             lr_scheduler_type="constant",  # ours: constant lr (TrainingArguments' default decays)
             warmup_steps=0,
             weight_decay=0.0,
@@ -198,7 +179,7 @@ def run_trl(
 
         final_dir = Path(tmp) / "final"
         save_pretrained(trainer.model, tok, final_dir)
-        reward_end = _heldout(final_dir, env, eval_tasks, max_new_tokens)
+        reward_end = heldout(final_dir, s)
 
     marks = [timer.train_begin, *timer.end]
     step_times = [b - a for a, b in zip(marks, marks[1:], strict=False)]
@@ -267,28 +248,24 @@ def main() -> None:
     ap.add_argument("--eval-tasks", type=int, default=RL.eval_tasks)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    model_dir = args.model_dir
-    if model_dir is None:
-        # The same directory deploy/local/cli.py's prepare_model builds and reuses.
-        out = args.cache_dir / "models" / f"warm-seed{args.model_seed}-steps{args.warm_start_steps}"
-        print(f"warm start -> {out}", file=sys.stderr)
-        model_dir = warm_start(
-            args.model_seed, out, seed=args.model_seed, steps=args.warm_start_steps, progress=None
-        )
-    result = run_trl(
-        model_dir,
-        env_name=args.env,
+    settings = LocalNetworkSettings(
+        cache_dir=args.cache_dir,
+        model_seed=args.model_seed,
+        warm_start_steps=args.warm_start_steps,
         steps=args.steps,
-        prompts_per_step=args.prompts,
-        group_size=args.group_size,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
+        groups_per_step=args.prompts,
         lr=args.lr,
-        seed=args.seed,
         eval_tasks=args.eval_tasks,
-        threads=args.threads,
+        recipe=Recipe(
+            env=args.env,
+            group_size=args.group_size,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+        ),
     )
+    # The same warm-started directory `prime-swarm up` builds and reuses.
+    model_dir = args.model_dir or prepare_model(settings, say=lambda m: print(m, file=sys.stderr))
+    result = run_trl(model_dir, settings, seed=args.seed, threads=args.threads)
     config = {**vars(args), "model_dir": model_dir}
     print(json.dumps({"config": config, **result}, indent=1, default=str))
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
-from prime_swarm.libs.chain.anvil import Anvil
+from prime_swarm.libs.chain.anvil import Anvil, set_balance
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.chain.keyfile import write_key
 from prime_swarm.libs.localnet.ports import free_port
@@ -25,7 +25,7 @@ from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import StepProgress, Verdict
 from prime_swarm.services.trainer import progress
 
-from .pool import create_pool, fund, orchestrator_env, script, start_orchestrator
+from .pool import create_pool, orchestrator_env, script, start_orchestrator
 from .settings import LocalNetworkSettings
 
 
@@ -282,7 +282,7 @@ class LocalNetwork:
         return proc
 
     def _fund(self, account: LocalAccount, wei: int) -> None:
-        fund(self.topo.rpc_url, account.address, wei)
+        set_balance(self.topo.rpc_url, account.address, wei)
 
     # ------------------------------------------------------------------ watch
     def follow(

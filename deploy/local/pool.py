@@ -15,6 +15,7 @@ from pathlib import Path
 import redis
 from eth_account.signers.local import LocalAccount
 
+from prime_swarm.libs.chain.anvil import set_balance
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.chain.deploy import deploy_ledger
 from prime_swarm.libs.localnet.process import ManagedProcess
@@ -56,15 +57,9 @@ def create_pool(
     return ledger, pool_id
 
 
-def fund(rpc_url: str, address: str, wei: int) -> None:
-    """A dev-chain shortcut; on a real chain the contributor funds their own address."""
-    client = LedgerClient(rpc_url, "0x" + "00" * 20, account=None, timeout=10)
-    client.w3.provider.make_request("anvil_setBalance", [address, hex(wei)])
-
-
 def stake_member(rpc_url: str, ledger: str, pool_id: int, account: LocalAccount, wei: int) -> None:
     """Fund `account` and stake `wei` in the pool: a worker that joined."""
-    fund(rpc_url, account.address, 5 * wei)
+    set_balance(rpc_url, account.address, 5 * wei)
     LedgerClient(rpc_url, ledger, account=account, timeout=30).join(pool_id, wei)
 
 

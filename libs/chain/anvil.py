@@ -96,6 +96,24 @@ def rpc_ready(rpc_url: str, timeout: float = 1.0) -> bool:
         return False
 
 
+def set_balance(rpc_url: str, address: str, wei: int, timeout: float = 10.0) -> None:
+    """Give `address` exactly `wei` on a dev chain (anvil_setBalance). A dev-chain shortcut: on
+    a real chain an operator or a contributor funds their own address."""
+    body = json.dumps(
+        {"jsonrpc": "2.0", "id": 1, "method": "anvil_setBalance", "params": [address, hex(wei)]}
+    )
+    req = urllib.request.Request(
+        rpc_url, data=body.encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            reply = json.loads(resp.read())
+    except (OSError, ValueError) as exc:
+        raise ChainError(f"anvil_setBalance on {rpc_url}: {exc}") from exc
+    if "error" in reply:
+        raise ChainError(f"anvil_setBalance on {rpc_url}: {reply['error']}")
+
+
 def _die_with_parent() -> None:
     # Runs in the child before exec: a crashed test run must not leave anvil behind. Linux
     # delivers the signal when the forking *thread* exits, so start anvil from a long-lived one.

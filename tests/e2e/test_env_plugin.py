@@ -94,10 +94,7 @@ def test_a_pool_runs_on_an_installed_environment_package(
     )
     try:
         run.assert_honest()
-        assert all(v.task_id.startswith("mirror/train/") for v in run.verified)
-        rewards = [c.task_reward for v in run.verified for c in v.completions]
-        assert all(0.0 <= x <= 1.0 for x in rewards)
-        assert len(set(rewards)) > 1, "the plugin's partial-credit reward never varied"
+        run.assert_scored_by("mirror")
     finally:
         run.net.stop()
 

@@ -156,9 +156,6 @@ def test_a_pool_trains_on_a_verifiers_taskset(
     )
     try:
         run.assert_honest()
-        assert all(v.task_id.startswith("verifiers/train/") for v in run.verified)
-        rewards = [c.task_reward for v in run.verified for c in v.completions]
-        assert all(0.0 <= x <= 1.0 for x in rewards)
-        assert len(set(rewards)) > 1, "the taskset's partial-credit reward never varied"
+        run.assert_scored_by("verifiers")
     finally:
         run.net.stop()

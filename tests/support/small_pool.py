@@ -38,6 +38,14 @@ class PoolRun:
         ]
         assert len(self.verified) >= self.settings.steps * self.settings.groups_per_step
 
+    def assert_scored_by(self, env: str) -> None:
+        """Every verified group is a task of `env`, scored in [0, 1] by the validator's rerun
+        of its reward, and the scores vary (a reward stuck at one value tests nothing)."""
+        assert all(v.task_id.startswith(f"{env}/train/") for v in self.verified)
+        rewards = [c.task_reward for v in self.verified for c in v.completions]
+        assert all(0.0 <= x <= 1.0 for x in rewards)
+        assert len(set(rewards)) > 1, f"{env}'s partial-credit reward never varied"
+
 
 def run_small_pool(
     run_dir: Path, model_dir: Path | None = None, timeout_s: float = 300, **settings: Any
