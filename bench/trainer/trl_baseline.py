@@ -57,10 +57,19 @@ def trl_prompts(tok, prompts: list[Prompt]) -> list[str]:
     return out
 
 
-def run_trl(model_dir: Path, s: LocalNetworkSettings, *, seed: int = 0, threads: int = 2) -> dict:
+def run_trl(
+    model_dir: Path,
+    s: LocalNetworkSettings,
+    *,
+    seed: int = 0,
+    threads: int = 2,
+    budget_s: float | None = None,
+) -> dict:
     """Train `model_dir` with TRL's GRPOTrainer on what the local network `s` runs (its task,
     recipe, steps, groups per step, learning rate, held-out evaluation); timings, rewards and
-    TRL's own per-step log."""
+    TRL's own per-step log. With `budget_s`, training also ends with the step in progress once
+    that many seconds have passed since the end of the first step, as the network's bench run
+    does."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from transformers.trainer_callback import PrinterCallback
@@ -109,6 +118,8 @@ def run_trl(model_dir: Path, s: LocalNetworkSettings, *, seed: int = 0, threads:
 
         def on_step_end(self, args, state, control, **kwargs):
             self.end.append(time.perf_counter())
+            if budget_s is not None and self.end[-1] - self.end[0] >= budget_s:
+                control.should_training_stop = True
 
     batch = prompts_per_step * group_size
     with tempfile.TemporaryDirectory(prefix="trl-baseline-") as tmp:
@@ -185,14 +196,19 @@ def run_trl(model_dir: Path, s: LocalNetworkSettings, *, seed: int = 0, threads:
     step_times = [b - a for a, b in zip(marks, marks[1:], strict=False)]
     inside = [e - b for b, e in zip(timer.begin, timer.end, strict=False)]
     logs = [h for h in trainer.state.log_history if "reward" in h]
-    completions = steps * prompts_per_step * group_size
+    completions = len(timer.end) * batch
+    # The network's rate is taken from the end of its first step (start-up, the first fetch
+    # and batch apart): TRL's the same way, beside the rate over its whole train() call.
+    window = timer.end[-1] - timer.end[0] if len(timer.end) > 1 else 0.0
     half = max(len(step_times) // 2, 1)
     return {
         "impl": "trl",
         "trl_version": __import__("trl").__version__,
         "steps": len(timer.end),
         "completions": completions,
-        "wall_s": round(wall_s, 3),
+        # From the end of the first step to the end of the last, as the network's wall_s.
+        "wall_s": round(window, 3),
+        "train_call_s": round(wall_s, 3),
         "step_s": round(statistics.median(step_times), 4) if step_times else None,
         # Drift check: TRL with gradient checkpointing grows slower step by step.
         "step_s_first_half": round(statistics.median(step_times[:half]), 4) if step_times else None,
@@ -206,7 +222,9 @@ def run_trl(model_dir: Path, s: LocalNetworkSettings, *, seed: int = 0, threads:
         # TRL is one synchronous process: it is always either generating or training, never
         # waiting on another component, so its one process is busy the whole run.
         "busy_fraction": 1.0,
-        "completions_per_s": round(completions / wall_s, 3),
+        "completions_per_s": round((completions - batch) / window, 3) if window else None,
+        "completions_per_s_train_call": round(completions / wall_s, 3),
+        "ended_by": "budget" if len(timer.end) < steps else "steps",
         "reward_start": round(reward_start, 4),
         "reward_end": round(reward_end, 4),
         "reward_gain": round(reward_end - reward_start, 4),
@@ -216,9 +234,10 @@ def run_trl(model_dir: Path, s: LocalNetworkSettings, *, seed: int = 0, threads:
         if logs
         else None,
         "threads": timer.threads_seen,
-        # (seconds since train() began, mean sampled reward) at the end of each step.
+        # (seconds since the end of the first step, mean sampled reward) at the end of each
+        # step, as the network's curve.
         "reward_curve": [
-            [round(t - timer.train_begin, 1), round(h["reward"], 4)]
+            [round(t - timer.end[0], 1), round(h["reward"], 4)]
             for t, h in zip(timer.end, logs, strict=False)
         ],
         # Steps' share of groups whose completions all scored alike (zero advantage).

@@ -286,16 +286,22 @@ class LocalNetwork:
 
     # ------------------------------------------------------------------ watch
     def follow(
-        self, on_step: Callable[[StepProgress], None], timeout_s: float
+        self,
+        on_step: Callable[[StepProgress], None],
+        timeout_s: float,
+        until: Callable[[list[StepProgress]], bool] | None = None,
     ) -> list[StepProgress]:
-        """Report each new trainer step until the trainer exits; fail fast if a service dies."""
+        """Report each new trainer step until the trainer exits, or until `until(rows so far)`
+        holds (a budget the caller keeps); fail fast if a service dies."""
         deadline = time.monotonic() + timeout_s
         seen = 0
         trainer = self.procs["trainer"]
         while True:
             rows = progress.read(self.progress_file)
-            for row in rows[seen:]:
-                on_step(row)
+            for i in range(seen, len(rows)):
+                on_step(rows[i])
+                if until is not None and until(rows[: i + 1]):
+                    return rows[: i + 1]
             seen = len(rows)
             self.cpu_seconds()
             if not trainer.alive():
