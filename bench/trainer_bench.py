@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import sys
@@ -44,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "trainer"))
 from prime_swarm.deploy.local.cli import heldout, prepare_model  # noqa: E402
 from prime_swarm.deploy.local.network import LocalNetwork  # noqa: E402
 from prime_swarm.deploy.local.settings import LocalNetworkSettings  # noqa: E402
-from prime_swarm.libs.model.hardware import native_precision  # noqa: E402
+from prime_swarm.libs.model.hardware import detect, native_precision  # noqa: E402
 from prime_swarm.libs.rl.checkpoint import model_dir, saved_versions  # noqa: E402
 from prime_swarm.libs.rl.defaults import RL  # noqa: E402
 from prime_swarm.libs.rollout.recipe import Recipe  # noqa: E402
@@ -84,11 +83,10 @@ def run_network(
         cpu = net.cpu_seconds()
         counts = net.stream_counts()
         # Stopped on the budget, the last step's checkpoint may still be being written.
-        deadline = time.monotonic() + 300
-        while rows[-1].step not in saved_versions(checkpoints):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"checkpoint v{rows[-1].step} was never saved")
-            time.sleep(0.5)
+        step = rows[-1].step
+        net.procs["trainer"].wait_until(
+            lambda: step in saved_versions(checkpoints), 300, f"done saving v{step}"
+        )
     finally:
         net.stop()
     first, last = rows[0], rows[-1]
@@ -274,22 +272,14 @@ def plot_real(real: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0))
-
-
 def machine() -> str:
-    """This machine as the figures depend on it: vLLM's CPU kernels and bf16 want AVX-512, and
-    without it SmolLM2's generation costs about twice the CPU (seen between two sessions)."""
-    model, flags = "", set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and not model:
-            model = value.strip()
-        elif key.strip() == "flags" and not flags:
-            flags = set(value.split())
-    avx = "avx512f" if "avx512f" in flags else "avx2" if "avx2" in flags else "no avx2"
-    return f"{platform.machine()} {model}, {avx}, {_cores()} cores, torch {torch.__version__}"
+    """This machine as the figures depend on it: the CPU, and whether it computes bf16 natively
+    (the workers' `--precision auto`; without it SmolLM2's vLLM generation runs in fp32, about
+    three times the CPU, seen between two sessions)."""
+    cpu = detect("cpu").describe()
+    return (
+        f"{platform.machine()} {cpu}, native {native_precision('cpu')}, torch {torch.__version__}"
+    )
 
 
 def _ratios(r: dict) -> dict[str, float]:
