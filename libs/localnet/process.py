@@ -63,15 +63,18 @@ class ManagedProcess:
     def wait_until(self, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if not self.alive():
-                raise ProcessFailed(
-                    f"{self.name} exited with {self.proc.returncode} before {what}:\n{self.tail()}"
-                )
+            # Readiness first: a process that finished its work and exited (a trainer at its
+            # last step) has still done what was waited for.
+            alive = self.alive()
             try:
                 if ready():
                     return
             except Exception:  # not up yet: connection refused and the like
                 pass
+            if not alive:
+                raise ProcessFailed(
+                    f"{self.name} exited with {self.proc.returncode} before {what}:\n{self.tail()}"
+                )
             time.sleep(0.1)
         raise ProcessFailed(f"{self.name} not {what} after {timeout_s:.0f}s:\n{self.tail()}")
 

@@ -10,6 +10,14 @@ Three log-probabilities meet here, one per token:
   it sampled. Sampling followed *those* numbers, so the PPO estimate is off-policy by
   w = π_old / π_inference. INTELLECT-2 ignored w; with TIS/IcePop-style correction we weight each
   token by w truncated at `is_cap`, or drop tokens whose w leaves [is_low, is_high].
+
+Asynchronous training adds a third gap: the generating version is up to `async_level` steps older
+than the weights being trained. `ratio_against` chooses where PPO's trust region sits. "generator"
+(classic PPO) clips r = π_θ / π_old, so a token the last two steps already pushed past 1 + eps
+gets no gradient at all: stale data teaches little. "current" is the decoupled objective of AReaL
+(Fu et al. 2025, arXiv:2505.24298): the ratio is taken against the weights at the start of this
+step (one pass per batch: r == 1, the clip never binds, as in TRL's on-policy GRPO) and the
+staleness becomes part of the truncated importance weight, w = π_θ / π_inference.
 """
 
 from __future__ import annotations
@@ -55,17 +63,24 @@ class LossConfig(BaseModel):
     is_cap: float = Field(2.0, gt=0, description="Truncation of w in 'truncate' mode.")
     is_low: float = Field(0.5, gt=0, description="Tokens with w below this are masked ('mask').")
     is_high: float = Field(2.0, gt=0, description="Tokens with w above this are masked ('mask').")
+    ratio_against: Literal["generator", "current"] = Field(
+        "current",
+        description="PPO ratio against this step's starting weights (decoupled PPO: staleness "
+        "goes into the importance weight, truncated or masked as is_mode says) or against the "
+        "generating version (classic PPO: tokens the last steps already moved clip).",
+    )
 
 
 def importance_weights(
-    old_logprobs: torch.Tensor, inference_logprobs: torch.Tensor | None, cfg: LossConfig
+    target: torch.Tensor, behaviour: torch.Tensor | None, cfg: LossConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weight, kept) per token: the correction factor and which tokens it leaves in the loss."""
-    if inference_logprobs is None or cfg.is_mode == "none":
-        ones = torch.ones_like(old_logprobs)
+    """(weight, kept) per token: the correction factor w = π_target / π_behaviour and which
+    tokens it leaves in the loss."""
+    if behaviour is None or cfg.is_mode == "none":
+        ones = torch.ones_like(target)
         return ones, ones.bool()
     # Clamped log-ratio: a lying or broken engine cannot produce inf/nan weights.
-    w = torch.exp((old_logprobs - inference_logprobs).clamp(-20.0, 20.0)).detach()
+    w = torch.exp((target - behaviour).clamp(-20.0, 20.0)).detach()
     if cfg.is_mode == "truncate":
         return w.clamp(max=cfg.is_cap), torch.ones_like(w, dtype=torch.bool)
     kept = (w >= cfg.is_low) & (w <= cfg.is_high)
@@ -101,7 +116,13 @@ def grpo_loss(
     m = mask.to(logprobs.dtype)
     n_tokens = float(m.sum())
     denom = float(denominator) if denominator is not None else max(n_tokens, 1.0)
-    log_ratio = logprobs - old_logprobs.detach()
+    # Decoupled: the proximal policy is this step's own starting point, and the importance weight
+    # corrects from there back to what sampled (inference_logprobs, else the generating version).
+    proximal = logprobs.detach() if cfg.ratio_against == "current" else old_logprobs.detach()
+    behaviour = inference_logprobs
+    if cfg.ratio_against == "current" and behaviour is None:
+        behaviour = old_logprobs
+    log_ratio = logprobs - proximal
     ratio = torch.exp(log_ratio)
     adv = advantages.detach().to(logprobs.dtype)[:, None].expand_as(ratio)
     clipped_ratio = ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
@@ -109,7 +130,7 @@ def grpo_loss(
     # Dual clip: for A < 0 the min above is unbounded below as r grows; δ·A bounds it.
     negative = adv < 0
     surrogate = torch.where(negative, torch.maximum(surrogate, cfg.delta * adv), surrogate)
-    weight, kept = importance_weights(old_logprobs, inference_logprobs, cfg)
+    weight, kept = importance_weights(proximal, behaviour, cfg)
     per_token = -surrogate * weight.to(logprobs.dtype)
     if entropy is not None and cfg.entropy_coef > 0:
         per_token = per_token - cfg.entropy_coef * entropy
@@ -122,6 +143,7 @@ def grpo_loss(
     with torch.no_grad():
         real = mask.bool()
         positive = adv > 0
+        gen_ratio = torch.exp(logprobs.detach() - old_logprobs)
         r = ratio[real]
 
         def count(cond: torch.Tensor) -> float:
@@ -132,6 +154,12 @@ def grpo_loss(
             "tokens": n_tokens,
             "clip_low": count(negative & (ratio < 1.0 - cfg.eps_low)),
             "clip_high": count(positive & (ratio > 1.0 + cfg.eps_high)),
+            # What classic PPO would clip: the ratio to the generating version outside the band
+            # in the direction the advantage pushes (equals clip_low + clip_high there).
+            "stale_clip": count(
+                (positive & (gen_ratio > 1.0 + cfg.eps_high))
+                | (negative & (gen_ratio < 1.0 - cfg.eps_low))
+            ),
             "clip_delta": count(negative & (ratio > cfg.delta)),
             "ratio_sum": float(r.sum()),
             "ratio_min": float(r.min()) if r.numel() else 1.0,
@@ -140,8 +168,8 @@ def grpo_loss(
             "is_weight_max": float(weight[real].max()) if r.numel() else 1.0,
             "is_masked": count(~kept),
             "is_truncated": count(
-                (torch.exp(old_logprobs - inference_logprobs) > cfg.is_cap)
-                if inference_logprobs is not None and cfg.is_mode == "truncate"
+                (torch.exp(proximal - behaviour) > cfg.is_cap)
+                if behaviour is not None and cfg.is_mode == "truncate"
                 else torch.zeros_like(real)
             ),
             "kl_sum": float(k3[real].sum()) if k3 is not None else 0.0,
@@ -150,7 +178,7 @@ def grpo_loss(
     return loss, stats
 
 
-SUMMED = ("loss_sum", "tokens", "clip_low", "clip_high", "clip_delta", "ratio_sum")
+SUMMED = ("loss_sum", "tokens", "clip_low", "clip_high", "clip_delta", "stale_clip", "ratio_sum")
 SUMMED += ("is_weight_sum", "is_masked", "is_truncated", "kl_sum", "entropy_sum")
 
 
@@ -165,6 +193,7 @@ def merge_stats(parts: list[dict[str, float]], denominator: float) -> dict[str, 
         "clip_high_frac": total["clip_high"] / n,
         "clip_delta_frac": total["clip_delta"] / n,
         "clip_frac": (total["clip_low"] + total["clip_high"]) / n,
+        "stale_clip_frac": total["stale_clip"] / n,
         "ratio_mean": total["ratio_sum"] / n,
         "ratio_min": min((p["ratio_min"] for p in parts), default=1.0),
         "ratio_max": max((p["ratio_max"] for p in parts), default=1.0),

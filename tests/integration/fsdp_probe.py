@@ -39,6 +39,7 @@ from prime_swarm.libs.rl.grpo import (
     plan_step,
     split_micro_batches,
 )
+from prime_swarm.libs.rl.loss import LossConfig
 from prime_swarm.libs.rl.step import train_step
 
 BOS, EOS = 257, 258
@@ -181,8 +182,10 @@ def main() -> None:
     batch = broadcast_batch(make_batch() if ctx.is_main else None, ctx)
     # Budgets small enough for gradient accumulation, and for the two ranks to need different
     # numbers of micro-batches (the shorter share runs a zero-loss filler).
+    # Classic PPO (ratio to the generating version), so that clipping takes part.
+    ppo = LossConfig(ratio_against="generator")
     result = {
-        name: variant(ctx, batch, GRPOConfig(micro_batch_tokens=budget, layout=name))
+        name: variant(ctx, batch, GRPOConfig(micro_batch_tokens=budget, layout=name, loss=ppo))
         for name, budget in (("padded", 40), ("packed", 30), ("shared_prompt", 30))
     }
     close_distributed(ctx, finished=True)

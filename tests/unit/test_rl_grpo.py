@@ -69,12 +69,16 @@ def test_the_ratio_uses_the_rollout_temperature() -> None:
     lm = _lm()
     prompt = prompt_ids(lm.tokenizer, "rev 56=")
     good, bad = _answer(lm, "65"), _answer(lm, "99")
-    # Log-probs of T=1 presented as a T=0.5 rollout: the ratio sees the mismatch.
+    # Log-probs of T=1 presented as a T=0.5 rollout: the importance weight (and, in classic
+    # PPO, the ratio) sees the mismatch.
     rollouts = [
         Rollout(prompt, comp, _logprobs(lm, prompt, comp, 1.0), reward, temperature=0.5)
         for comp, reward in ((good, 1.0), (bad, 0.0))
     ]
     stats = train_step(lm, make_optimizer(lm, lr=1e-6), [rollouts])
+    assert abs(stats["is_weight_mean"] - 1.0) > 1e-3
+    classic = GRPOConfig(loss=LossConfig(ratio_against="generator"))
+    stats = train_step(lm, make_optimizer(lm, lr=1e-6), [rollouts], classic)
     assert abs(stats["ratio_mean"] - 1.0) > 1e-3
 
 
@@ -88,9 +92,8 @@ def test_stale_behaviour_logprobs_are_clipped() -> None:
         Rollout(prompt, comp, [lp - 1.0 for lp in _logprobs(lm, prompt, comp, 1.0)], reward)
         for comp, reward in ((good, 1.0), (bad, 0.0))
     ]
-    stats = train_step(
-        lm, make_optimizer(lm), [rollouts], GRPOConfig(loss=LossConfig(eps_high=0.2))
-    )
+    cfg = GRPOConfig(loss=LossConfig(eps_high=0.2, ratio_against="generator"))
+    stats = train_step(lm, make_optimizer(lm), [rollouts], cfg)
     assert stats["ratio_mean"] == pytest.approx(torch.e, rel=1e-4)
     assert stats["clip_frac"] == pytest.approx(len(good) / (len(good) + len(bad)), abs=1e-6)
 

@@ -9,6 +9,8 @@ from prime_swarm.libs.rl.advantages import group_advantages, is_informative
 from prime_swarm.libs.rl.loss import LossConfig, grpo_loss, merge_stats, token_entropy
 
 F64 = torch.float64
+# Classic PPO, its ratio against the generating version: where the clips and the δ cap bind.
+PPO = LossConfig(ratio_against="generator")
 
 
 def _lp(values: list[float]) -> torch.Tensor:
@@ -30,7 +32,7 @@ def test_two_sided_clip_with_different_epsilons() -> None:
     # eps_low 0.1, eps_high 0.3; ratios 1.5 and 0.5 under A=+2 and under A=-1.
     old = torch.zeros(2, 2, dtype=F64)
     new = torch.stack([_lp([1.5, 0.5]), _lp([1.5, 0.5])])
-    cfg = LossConfig(eps_low=0.1, eps_high=0.3)
+    cfg = LossConfig(eps_low=0.1, eps_high=0.3, ratio_against="generator")
     loss, stats = grpo_loss(new, old, torch.tensor([2.0, -1.0]), torch.ones(2, 2), cfg)
     # A=+2: min(3.0, 1.3*2=2.6)=2.6 (clipped high); min(1.0, 0.9*2=1.8)=1.0
     # A=-1: min(-1.5, -1.3)=-1.5; min(-0.5, -0.9)=-0.9 (clipped low)
@@ -45,7 +47,7 @@ def test_two_sided_clip_with_different_epsilons() -> None:
 def test_delta_caps_negative_advantage_tokens() -> None:
     new = _lp([6.0, 3.0]).reshape(1, 2).requires_grad_(True)
     loss, stats = grpo_loss(
-        new, torch.zeros(1, 2, dtype=F64), torch.tensor([-1.0]), torch.ones(1, 2)
+        new, torch.zeros(1, 2, dtype=F64), torch.tensor([-1.0]), torch.ones(1, 2), PPO
     )
     # r=6: min(-6, -1.2) = -6, capped at δ·A = -4; r=3 < δ: -3 stays. Loss -(-4-3)/2.
     assert float(loss.detach()) == pytest.approx(3.5)
@@ -57,7 +59,8 @@ def test_delta_caps_negative_advantage_tokens() -> None:
 
 def test_gradient_vanishes_where_clipped() -> None:
     new = _lp([1.5, 1.1]).reshape(1, 2).requires_grad_(True)
-    loss, _ = grpo_loss(new, torch.zeros(1, 2, dtype=F64), torch.tensor([1.0]), torch.ones(1, 2))
+    old, adv = torch.zeros(1, 2, dtype=F64), torch.tensor([1.0])
+    loss, _ = grpo_loss(new, old, adv, torch.ones(1, 2), PPO)
     loss.backward()
     assert new.grad[0].tolist() == pytest.approx([0.0, -1.1 / 2])
 
@@ -65,10 +68,10 @@ def test_gradient_vanishes_where_clipped() -> None:
 def test_masked_tokens_are_ignored_and_constant_denominator() -> None:
     new = _lp([2.0, 5.0]).reshape(1, 2)
     old, adv, mask = torch.zeros(1, 2, dtype=F64), torch.tensor([1.0]), torch.tensor([[1, 0]])
-    loss, stats = grpo_loss(new, old, adv, mask)
+    loss, stats = grpo_loss(new, old, adv, mask, PPO)
     assert float(loss) == pytest.approx(-1.2) and stats["tokens"] == 1.0
     # Constant normalization: the same sum over a denominator of 8 tokens.
-    loss8, _ = grpo_loss(new, old, adv, mask, denominator=8.0)
+    loss8, _ = grpo_loss(new, old, adv, mask, PPO, denominator=8.0)
     assert float(loss8) == pytest.approx(-1.2 / 8)
 
 
@@ -88,6 +91,39 @@ def test_truncated_importance_weight() -> None:
     s = merge_stats([stats], 2.0)
     assert s["is_truncated_frac"] == pytest.approx(0.5)
     assert s["is_weight_mean"] == pytest.approx(1.625) and s["is_weight_max"] == pytest.approx(2.0)
+
+
+def test_decoupled_ratio_keeps_stale_tokens_in_the_gradient() -> None:
+    # Two steps of training moved the tokens from 0.5 (generating version, which sampled them)
+    # to 0.75 and 0.4 under the current weights. Classic PPO clips the first (r = 1.5 > 1.2 with
+    # A > 0): no gradient. Decoupled: ratio 1 against this step's weights, weight π_θ/π_old
+    # (1.5 and 0.8; truncated at 2), so both tokens keep a gradient of -w/2 (per log-prob).
+    old = _lp([0.5, 0.5]).reshape(1, 2)
+    current = _lp([0.75, 0.4]).reshape(1, 2)
+    adv, mask = torch.tensor([1.0]), torch.ones(1, 2)
+    classic = current.clone().requires_grad_(True)
+    loss, stats = grpo_loss(classic, old, adv, mask, PPO)
+    loss.backward()
+    assert classic.grad[0].tolist() == pytest.approx([0.0, -0.8 / 2])
+    assert merge_stats([stats], 2.0)["stale_clip_frac"] == pytest.approx(0.5)
+    decoupled = current.clone().requires_grad_(True)
+    cfg = LossConfig()  # the default
+    assert cfg.ratio_against == "current"
+    loss, stats = grpo_loss(decoupled, old, adv, mask, cfg)
+    loss.backward()
+    assert float(loss) == pytest.approx(-(1.5 + 0.8) / 2)
+    assert decoupled.grad[0].tolist() == pytest.approx([-1.5 / 2, -0.8 / 2])
+    s = merge_stats([stats], 2.0)
+    assert s["clip_frac"] == 0.0 and s["ratio_mean"] == pytest.approx(1.0)
+    # ... and says what classic PPO would have clipped.
+    assert s["stale_clip_frac"] == pytest.approx(0.5)
+    assert s["is_weight_mean"] == pytest.approx((1.5 + 0.8) / 2)
+    # With the engine's numbers the weight goes back to what sampled: π_θ/π_inference = 0.75/0.1
+    # truncated at 2, and 0.4/0.4 = 1.
+    inference = _lp([0.1, 0.4]).reshape(1, 2)
+    loss, stats = grpo_loss(current, old, adv, mask, cfg, inference_logprobs=inference)
+    assert float(loss) == pytest.approx(-(2.0 + 1.0) / 2)
+    assert merge_stats([stats], 2.0)["is_truncated_frac"] == pytest.approx(0.5)
 
 
 def test_masked_importance_weight() -> None:
