@@ -45,7 +45,8 @@ from prime_swarm.deploy.local.network import LocalNetwork  # noqa: E402
 from prime_swarm.deploy.local.settings import LocalNetworkSettings  # noqa: E402
 from prime_swarm.libs.model.hardware import detect, native_precision  # noqa: E402
 from prime_swarm.libs.rl.checkpoint import model_dir, saved_versions  # noqa: E402
-from prime_swarm.libs.rl.defaults import RL  # noqa: E402
+from prime_swarm.libs.rl.defaults import RL
+from prime_swarm.libs.rl.loss import LossConfig  # noqa: E402
 from prime_swarm.libs.rollout.recipe import Recipe  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "trainer.json"
@@ -159,6 +160,24 @@ def main() -> None:
     result: dict[str, object] = {}
     if args.out.exists():  # --only reruns one part and keeps the others
         result = json.loads(args.out.read_text())
+
+    def write() -> None:
+        """After every section: a section that fails later loses nothing already measured."""
+        result["config"] = {
+            "steps": args.steps,
+            "prompts_per_step": args.prompts,
+            "group_size": recipe.group_size,
+            "max_new_tokens": recipe.max_new_tokens,
+            "workers": args.workers,
+            "lr": args.lr,
+            "machine": machine(),
+            # The workers' `--precision auto`: emulated bf16 costs 2.3x fp32 per generation.
+            "worker_precision": native_precision("cpu"),
+        }
+        result["ratios"] = _ratios(result)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
         for name, level in (("sync", 0), ("async", recipe.async_level or 2)):
             if args.only is not None and name not in args.only:
@@ -169,32 +188,22 @@ def main() -> None:
             print(f"network, async level {level} ...", file=sys.stderr)
             result[name] = run_network(settings, init_dir, Path(tmp) / name)
             print(json.dumps(result[name]), file=sys.stderr)
+            write()
     if args.only is None or "trl" in args.only:
         from trl_baseline import run_trl
 
         print("TRL GRPOTrainer ...", file=sys.stderr)
         result["trl"] = run_trl(init_dir, base)
+        write()
     real = {"real-network", "real-trl"} if args.only is None or "real" in args.only else set()
     real |= {x for x in args.only or [] if x.startswith("real-")}
-    if real:
-        result["real"] = run_real(
-            args.real_steps, args.real_budget_s, real, dict(result.get("real", {}))
-        )
-        plot_real(result["real"], REAL_PLOT)
-    result["config"] = {
-        "steps": args.steps,
-        "prompts_per_step": args.prompts,
-        "group_size": recipe.group_size,
-        "max_new_tokens": recipe.max_new_tokens,
-        "workers": args.workers,
-        "lr": args.lr,
-        "machine": machine(),
-        # The workers' `--precision auto`: emulated bf16 costs 2.3x fp32 per generation.
-        "worker_precision": native_precision("cpu"),
-    }
-    result["ratios"] = _ratios(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    for part in ("real-network", "real-trl"):
+        if part in real:
+            result["real"] = run_real(
+                args.real_steps, args.real_budget_s, {part}, dict(result.get("real", {}))
+            )
+            plot_real(result["real"], REAL_PLOT)
+            write()
     print(json.dumps(result["ratios"], indent=2))
 
 
@@ -234,6 +243,8 @@ def run_real(steps: int, budget_s: float, parts: set[str], out: dict) -> dict:
         "lr": s.lr,
         "eval_tasks": s.eval_tasks,
         "network_workers": f"{s.workers} x {','.join(s.worker_backends)}",
+        "network_async_level": recipe.async_level,
+        "network_ratio_against": LossConfig().ratio_against,
         "machine": machine(),
     }
     if "network" in out and "trl" in out:
