@@ -45,7 +45,7 @@ from prime_swarm.deploy.local.network import LocalNetwork  # noqa: E402
 from prime_swarm.deploy.local.settings import LocalNetworkSettings  # noqa: E402
 from prime_swarm.libs.model.hardware import detect, native_precision  # noqa: E402
 from prime_swarm.libs.rl.checkpoint import model_dir, saved_versions  # noqa: E402
-from prime_swarm.libs.rl.defaults import RL
+from prime_swarm.libs.rl.defaults import RL  # noqa: E402
 from prime_swarm.libs.rl.loss import LossConfig  # noqa: E402
 from prime_swarm.libs.rollout.recipe import Recipe  # noqa: E402
 

@@ -40,7 +40,7 @@ REAL_MODEL_RECIPE: dict[str, Any] = {
     # On 2 CPU cores a worker's batch takes most of a step and its verification a third more, so
     # a group reaches the trainer two to three versions after the policy that made it. At async
     # level 2 a quarter of the generation was dropped as stale (bench-trainer: 39-40 of ~150
-    # groups); at 3, 23, and the importance weight corrects the extra version (decoupled PPO).
+    # groups); at 3, 23-27, and the importance weight corrects the extra version (decoupled PPO).
     "async_level": 3,
 }
 
