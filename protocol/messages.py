@@ -273,9 +273,48 @@ class LeaseReply(Versioned):
 LogProb = Annotated[float, Field(allow_inf_nan=False, le=1e-3, ge=-1e4)]
 
 
+Span = Annotated[list[int], Field(min_length=2, max_length=2)]
+"""[start, end): a half-open range of positions in a completion's token ids."""
+
+
+def check_spans(spans: list[list[int]], n_tokens: int) -> None:
+    """Sampled spans must tile the completion's start: the first at 0, each non-empty, in order
+    and apart (an environment's tokens sit between two), the last ending at or before the end.
+    A ValueError names what is wrong."""
+    if not spans or spans[0][0] != 0:
+        raise ValueError("the first sampled span must start at position 0")
+    previous_end = -1
+    for start, end in spans:
+        if not start < end <= n_tokens:
+            raise ValueError(f"sampled span [{start}, {end}) is empty or past the end")
+        if start <= previous_end:
+            raise ValueError("sampled spans must be in order with context tokens between them")
+        previous_end = end
+
+
+def sampled_mask(spans: list[list[int]], n_tokens: int) -> list[bool]:
+    """Per token of a completion: did the model sample it (or the environment write it)?"""
+    mask = [False] * n_tokens
+    for start, end in spans:
+        end = min(end, n_tokens)  # never longer than the tokens, whatever the spans say
+        mask[start:end] = [True] * max(end - start, 0)
+    return mask
+
+
 class CompletionSample(Message):
+    """One branch of an episode: every token after the prompt, the model's sampled turns and the
+    environment's replies between them, and which spans the model sampled (the rest is context
+    the validator re-derives by running the environment again). A single-turn completion is one
+    span over all of its tokens."""
+
     token_ids: list[int] = Field(max_length=4096)
-    finish_reason: Literal["eos", "length"]
+    sampled_spans: list[Span] = Field(
+        default_factory=list,
+        max_length=64,
+        description="[start, end) of each model turn in token_ids; empty means one turn that "
+        "spans every token.",
+    )
+    finish_reason: Literal["eos", "length"] = Field(description="How the last turn ended.")
     proof: B64Bytes = Field(description="TOPLOC proof over the completion's hidden states.")
     claimed_reward: float | None = Field(
         default=None, description="Worker's own reward claim; validators recompute it."
@@ -287,10 +326,21 @@ class CompletionSample(Message):
         "Untrusted: the trainer uses it only through a truncated or masked importance weight.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_turn_by_default(cls, data: object) -> object:
+        # Fill the single-turn span in before validation, so every reader sees explicit spans.
+        if isinstance(data, dict) and not data.get("sampled_spans"):
+            tokens = data.get("token_ids")
+            if isinstance(tokens, list):
+                return {**data, "sampled_spans": [[0, len(tokens)]]}
+        return data
+
     @model_validator(mode="after")
-    def _one_logprob_per_token(self) -> CompletionSample:
+    def _spans_and_logprobs(self) -> CompletionSample:
+        check_spans(self.sampled_spans, len(self.token_ids))
         if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
-            raise ValueError("logprobs must have one entry per token")
+            raise ValueError("logprobs must have one entry per token (0 at context tokens)")
         return self
 
 
@@ -379,6 +429,7 @@ RejectReason = Literal[
     "bad_proof",
     "sampling_mismatch",
     "bad_termination",
+    "context_mismatch",
     "reward_mismatch",
     "duplicate",
     "malformed",
@@ -401,6 +452,10 @@ class Verdict(Versioned):
 
 class VerifiedCompletion(Message):
     token_ids: list[int]
+    sampled_spans: list[Span] = Field(
+        default_factory=list,
+        description="The model's turns in token_ids (the loss covers these only); empty: all.",
+    )
     logprobs: list[float] = Field(description="Behaviour-policy logprobs recomputed by validator.")
     inference_logprobs: list[float] | None = Field(
         default=None, description="The worker engine's own log-probs, for the mismatch weight."

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import sys
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from prime_swarm.deploy import compose_secrets
 from prime_swarm.libs.cli import add_settings, fail, new_parser
+from prime_swarm.libs.environments.registry import args_key
 from prime_swarm.libs.localnet.process import ProcessFailed
 from prime_swarm.libs.rl.filtering import DEFAULT_BAND
 from prime_swarm.protocol.messages import StepProgress
@@ -41,9 +43,17 @@ def prepare_model(s: LocalNetworkSettings, say: Callable[[str], None] = print) -
     def progress(step: int, total: int, loss: float) -> None:
         say(f"  warm start step {step:>4}/{total}  loss {loss:.3f}")
 
-    out = s.cache_dir / "models" / f"warm-seed{s.model_seed}-steps{s.warm_start_steps}"
+    r = s.recipe
+    args = hashlib.sha256(args_key(r.env_args).encode()).hexdigest()[:8]
+    name = f"warm-{r.env}-{args}-seed{s.model_seed}-steps{s.warm_start_steps}"
     return warm_start(
-        s.model_seed, out, seed=s.model_seed, steps=s.warm_start_steps, progress=progress
+        s.model_seed,
+        s.cache_dir / "models" / name,
+        seed=s.model_seed,
+        steps=s.warm_start_steps,
+        progress=progress,
+        env=r.env,
+        env_args=r.env_args,
     )
 
 

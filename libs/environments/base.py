@@ -1,10 +1,21 @@
-"""The environment contract: tasks re-derivable from their id and a rule-based reward in [0, 1]."""
+"""The environment contract: tasks re-derivable from their id and a rule-based reward in [0, 1].
+
+An episode is one turn or many. After each model turn the environment answers (`reply`: a tool's
+output, a game's feedback) or ends the episode (None); the reward scores the whole episode
+(`score`). A worker runs the episode, and a validator runs it again on the worker's claimed model
+turns and refuses a rollout whose environment tokens differ (libs/rollout/episode.py). So an
+environment must be **deterministic given the task and the model's turns**: no wall clock, no
+network, no unseeded randomness, no state kept between calls (the validator replays episodes in
+any order, and not every one it replays is honest). A single-turn environment keeps the
+defaults: `max_turns` 1, `reply` None, `score` = `reward` of the one turn.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -58,9 +69,30 @@ class Env(ABC):
     def task_from_id(self, task_id: str) -> Task:
         """Re-derive the task from its id alone (the id encodes split and index)."""
 
+    max_turns: int = 1
+    """The most model turns an episode holds; the episode ends after this many whatever
+    `reply` would say."""
+
     @abstractmethod
     def reward(self, task: Task, completion: str) -> float:
         """Rule-based score of `completion` (decoded text, specials dropped) in [0, 1]."""
+
+    def reply(self, task: Task, turns: Sequence[str]) -> str | None:
+        """The environment's answer to the model's turns so far (each decoded, specials dropped),
+        or None when the episode is over. A pure function of (task, turns): the validator calls
+        it again on the claimed turns. The text is what the model reads next: raw text for a
+        model without a chat template, a user message's content for one with."""
+        return None
+
+    def score(self, task: Task, turns: Sequence[str]) -> float:
+        """The episode's reward in [0, 1], a pure function of (task, turns)."""
+        return self.reward(task, turns[-1])
+
+    def demonstration(self, task: Task, rng: random.Random, error_rate: float) -> list[str]:
+        """The model turns of one warm-start demonstration episode (the environment's replies
+        between them come from `reply`, as in a real episode). One turn by default: the noisy
+        answer. A multi-turn environment demonstrates the format of its later turns too."""
+        return [self.noisy_answer(task, rng, error_rate)]
 
     @abstractmethod
     def noisy_answer(self, task: Task, rng: random.Random, error_rate: float) -> str:

@@ -19,33 +19,30 @@ from prime_swarm.libs.model.logprobs import token_logprobs
 from prime_swarm.libs.model.noise import gumbel_rows, perturbed_scores
 from prime_swarm.libs.model.padding import pad_left
 
-from .backend import Generation, check_request
+from .backend import Generation, GroupGeneration, SampleRow, check_request
 from .causal_lm import CausalLM
 
 
-class HFBackend:
+class HFBackend(GroupGeneration):
     name = "hf"
 
     def __init__(self, precision: str = "bf16") -> None:
         self.precision = precision
 
     @torch.no_grad()
-    def generate(
+    def generate_rows(
         self,
         lm: CausalLM,
-        prompts: Sequence[Sequence[int]],
-        seeds: Sequence[int],
+        rows: Sequence[SampleRow],
         *,
-        group_size: int,
         max_new_tokens: int,
         temperature: float,
-    ) -> list[list[Generation]]:
-        if not check_request(lm, prompts, seeds, max_new_tokens):
+    ) -> list[Generation]:
+        if not check_request(lm, rows, max_new_tokens):
             return []
         lm = lm.cast(self.precision)
-        rows = [(s, j) for s in seeds for j in range(group_size)]
         device = lm.device
-        ids, attn = pad_left([p for p in prompts for _ in range(group_size)], lm.pad_id)
+        ids, attn = pad_left([list(r.context) for r in rows], lm.pad_id)
         ids, attn = ids.to(device), attn.to(device)
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=lm.config)
@@ -58,7 +55,8 @@ class HFBackend:
         for k in range(max_new_tokens):
             logits = lm.head_logits(last)
             if temperature > 0:
-                noise = gumbel_rows([(s, j, k) for s, j in rows], logits.shape[-1], device)
+                keys = [(r.seed, r.sample, r.offset + k) for r in rows]
+                noise = gumbel_rows(keys, logits.shape[-1], device)
                 chosen = perturbed_scores(logits, temperature, noise).argmax(dim=-1)
             else:
                 chosen = logits.argmax(dim=-1)
@@ -75,7 +73,7 @@ class HFBackend:
             positions = positions[:, -1:] + 1
             last = lm.final_hidden(chosen[:, None], attn, positions, cache)[:, -1]
         chosen_ids = [tokens[i, : int(length[i])].tolist() for i in range(n)]
-        out = [
+        return [
             Generation(
                 token_ids=chosen_ids[i],
                 finish_reason="eos" if bool(done[i]) else "length",
@@ -83,4 +81,3 @@ class HFBackend:
             )
             for i in range(n)
         ]
-        return [out[p * group_size : (p + 1) * group_size] for p in range(len(prompts))]

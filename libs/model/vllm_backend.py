@@ -33,7 +33,7 @@ import torch
 from prime_swarm.libs.model.logprobs import token_logprobs
 from prime_swarm.libs.model.noise import gumbel_rows, perturbed_scores
 
-from .backend import Generation, check_request
+from .backend import Generation, GroupGeneration, SampleRow, check_request
 from .causal_lm import CausalLM
 
 EXTRA_KEY = "prime_swarm"
@@ -96,6 +96,7 @@ def _processor_class() -> type:
         key: str
         seed: int
         sample: int
+        offset: int  # the completion position of the request's first output token
         temperature: float
         output: list[int]  # vLLM's live list of this request's output tokens
 
@@ -124,6 +125,7 @@ def _processor_class() -> type:
                         extra["key"],
                         int(extra["seed"]),
                         int(extra["sample"]),
+                        int(extra.get("offset", 0)),
                         float(extra["temperature"]),
                         output,
                     )
@@ -141,7 +143,7 @@ def _processor_class() -> type:
             reqs = [self.requests[i] for i in index]
             rows = torch.tensor(index, dtype=torch.long, device=logits.device)
             mine = logits[rows].float()
-            positions = [len(r.output) for r in reqs]
+            positions = [r.offset + len(r.output) for r in reqs]
             chosen = torch.empty(len(reqs), dtype=torch.long, device=logits.device)
             logprobs = torch.empty(len(reqs), dtype=torch.float32, device=logits.device)
             for t in {r.temperature for r in reqs}:
@@ -160,7 +162,7 @@ def _processor_class() -> type:
             for r, k, token, lp in zip(
                 reqs, positions, chosen.tolist(), logprobs.tolist(), strict=True
             ):
-                _CHOICES.record(r.key, k, token, lp)
+                _CHOICES.record(r.key, k - r.offset, token, lp)  # by output index
             forced = torch.full_like(logits[rows], float("-inf"))
             forced.scatter_(1, chosen[:, None], 0.0)
             logits[rows] = forced
@@ -170,7 +172,7 @@ def _processor_class() -> type:
 
 
 # --------------------------------------------------------------------------- the backend
-class VLLMBackend:
+class VLLMBackend(GroupGeneration):
     """Generation through a vLLM engine created on first use and reloaded in place for every
     new policy directory; proofs and log-probs from a transformers prefill of its tokens."""
 
@@ -227,41 +229,39 @@ class VLLMBackend:
 
     # ------------------------------------------------------------------ generate
     @torch.no_grad()
-    def generate(
+    def generate_rows(
         self,
         lm: CausalLM,
-        prompts: Sequence[Sequence[int]],
-        seeds: Sequence[int],
+        rows: Sequence[SampleRow],
         *,
-        group_size: int,
         max_new_tokens: int,
         temperature: float,
-    ) -> list[list[Generation]]:
-        if not check_request(lm, prompts, seeds, max_new_tokens):
+    ) -> list[Generation]:
+        if not check_request(lm, rows, max_new_tokens):
             return []
         llm = self.engine(lm)
         self._serial += 1
         keys, requests, params = [], [], []
-        for p, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True)):
-            for j in range(group_size):
-                keys.append(f"{self._serial}/{p}/{j}")
-                requests.append({"prompt_token_ids": list(prompt)})
-                params.append(
-                    self._vllm.SamplingParams(
-                        temperature=0.0,  # vLLM's sampler only copies the processor's choice
-                        max_tokens=max_new_tokens,
-                        stop_token_ids=sorted(lm.eos_ids),
-                        detokenize=False,
-                        extra_args={
-                            EXTRA_KEY: {
-                                "key": keys[-1],
-                                "seed": int(seed),
-                                "sample": j,
-                                "temperature": float(temperature),
-                            }
-                        },
-                    )
+        for i, row in enumerate(rows):
+            keys.append(f"{self._serial}/{i}")
+            requests.append({"prompt_token_ids": list(row.context)})
+            params.append(
+                self._vllm.SamplingParams(
+                    temperature=0.0,  # vLLM's sampler only copies the processor's choice
+                    max_tokens=max_new_tokens,
+                    stop_token_ids=sorted(lm.eos_ids),
+                    detokenize=False,
+                    extra_args={
+                        EXTRA_KEY: {
+                            "key": keys[-1],
+                            "seed": int(row.seed),
+                            "sample": row.sample,
+                            "offset": row.offset,
+                            "temperature": float(temperature),
+                        }
+                    },
                 )
+            )
         outputs = llm.generate(requests, params, use_tqdm=False)
         eos = lm.eos_ids
         out = []
@@ -269,7 +269,7 @@ class VLLMBackend:
             tokens, logprobs = self._checked(key, output)
             finish = "eos" if tokens and tokens[-1] in eos else "length"
             out.append(Generation(tokens, finish, logprobs))
-        return [out[p * group_size : (p + 1) * group_size] for p in range(len(prompts))]
+        return out
 
     @staticmethod
     def _checked(key: str, output: Any) -> tuple[list[int], list[float]]:

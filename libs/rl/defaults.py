@@ -6,6 +6,8 @@ recipe, libs/rollout/recipe.py; these numbers only shape the warm start and the 
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -13,6 +15,7 @@ class WarmStartConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     env: str = Field("reverse", description="Registered env whose train split gives demos.")
+    env_args: dict[str, Any] = Field(default_factory=dict, description="The env's arguments.")
     steps: int = Field(400, ge=0, description="SFT optimizer steps.")
     batch_size: int = Field(64, ge=1, description="Demonstrations per SFT step.")
     lr: float = Field(3e-3, description="Peak AdamW learning rate for SFT (cosine decay).")

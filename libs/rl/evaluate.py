@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from prime_swarm.libs.environments import Env, Task
 from prime_swarm.libs.model.backend import GenerationBackend, make_backend
 from prime_swarm.libs.model.causal_lm import CausalLM
-from prime_swarm.libs.model.tokenizer import decode, prompt_ids
+from prime_swarm.libs.rollout.episode import play_tasks
 
 
 def rewards_for(
@@ -20,22 +20,21 @@ def rewards_for(
     max_new_tokens: int | None = None,
     backend: GenerationBackend | None = None,
 ) -> list[float]:
-    """One completion per task, all tasks decoded as one batch (fp32 unless a backend says)."""
+    """One episode per task, all tasks played as one batch, turn by turn (fp32 unless a backend
+    says), scored by the environment."""
     if not tasks:
         return []
-    backend = backend or make_backend("hf", precision="fp32")
-    groups = backend.generate(
+    groups = play_tasks(
+        backend or make_backend("hf", precision="fp32"),
         lm,
-        [prompt_ids(lm.tokenizer, t.prompt) for t in tasks],
+        env,
+        tasks,
         [seed + i for i in range(len(tasks))],
         group_size=1,
         max_new_tokens=max_new_tokens or env.max_answer_chars + 1,
         temperature=temperature,
     )
-    return [
-        env.reward(t, decode(lm.tokenizer, g[0].token_ids))
-        for t, g in zip(tasks, groups, strict=True)
-    ]
+    return [g[0] for g in groups]
 
 
 def heldout_reward(

@@ -49,16 +49,18 @@ def pass_rates(
     if batch_prompts < 1:
         raise ValueError("batch_prompts must be at least 1")
     from prime_swarm.libs.model.backend import make_backend
-    from prime_swarm.libs.model.tokenizer import decode, prompt_ids
+    from prime_swarm.libs.rollout.episode import play_tasks
 
     backend = backend or make_backend("hf", precision="fp32")
     tasks = [env.task_from_id(t) for t in dict.fromkeys(task_ids)]  # dedupe, keep order
     rates: dict[str, float] = {}
     for start in range(0, len(tasks), batch_prompts):
         batch = tasks[start : start + batch_prompts]
-        groups = backend.generate(
+        groups = play_tasks(
+            backend,
             lm,
-            [prompt_ids(lm.tokenizer, t.prompt) for t in batch],
+            env,
+            batch,
             # Seeded by task id, not batch position, so a task's rate does not depend on which
             # other tasks were scored alongside it or on batch_prompts.
             [hash_int("filter", seed, t.task_id, nbytes=7) for t in batch],
@@ -66,11 +68,8 @@ def pass_rates(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
         )
-        for task, group in zip(batch, groups, strict=True):
-            passed = sum(
-                env.reward(task, decode(lm.tokenizer, g.token_ids)) >= pass_threshold for g in group
-            )
-            rates[task.task_id] = passed / samples
+        for task, scores in zip(batch, groups, strict=True):
+            rates[task.task_id] = sum(r >= pass_threshold for r in scores) / samples
     return rates
 
 

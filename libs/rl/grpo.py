@@ -24,6 +24,7 @@ from prime_swarm.libs.rl.forward import (
     forward_completions_shared,
 )
 from prime_swarm.libs.rl.loss import LossConfig, grpo_loss, token_entropy
+from prime_swarm.protocol.messages import sampled_mask
 
 Layout = Literal["padded", "packed", "shared_prompt"]
 
@@ -40,6 +41,13 @@ class Rollout:
     temperature: float = 1.0
     # What the worker's engine reported while sampling; None when it reported nothing.
     inference_logprobs: list[float] | None = None
+    # [start, end) of each model turn in completion_ids: the loss covers these tokens only (the
+    # environment's replies between turns are context). None: one turn, every token.
+    sampled_spans: list[list[int]] | None = None
+
+    def sampled(self) -> list[bool]:
+        n = len(self.completion_ids)
+        return sampled_mask(self.sampled_spans or [[0, n]], n)
 
 
 # All rollouts of a group answer the same prompt; advantages are computed within a group.
@@ -111,7 +119,7 @@ def plan_step(
                 raise ValueError("log-probs must have one entry per completion token")
         adv = group_advantages([r.reward for r in group], cfg.loss.adv_eps, cfg.loss.std_normalize)
         items += [Item(r, float(a)) for r, a in zip(group, adv, strict=True) if a != 0.0]
-    tokens = sum(len(i.rollout.completion_ids) for i in items)
+    tokens = sum(sum(i.rollout.sampled()) for i in items)
     if cfg.loss.normalize == "constant":
         if not constant_tokens:
             raise ValueError("constant normalization needs the step's token capacity")
@@ -247,6 +255,11 @@ def micro_batch_loss(
     rollouts = [i.rollout for i in mb]
     pairs = [(r.prompt_ids, r.completion_ids) for r in rollouts]
     logits, _, targets, mask = forward(model, pairs)
+    sampled = torch.zeros_like(mask)
+    for i, r in enumerate(rollouts):
+        row = r.sampled()
+        sampled[i, : len(row)] = torch.tensor(row, dtype=mask.dtype)
+    mask = mask & sampled
     temps = torch.tensor([r.temperature for r in rollouts], device=logits.device)
     logprobs = token_logprobs(logits, targets, temps[:, None])
     old = _column([r.old_logprobs for r in rollouts], logprobs)

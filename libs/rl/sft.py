@@ -20,12 +20,15 @@ from pathlib import Path
 import torch
 
 from prime_swarm.libs.environments import load_env
+from prime_swarm.libs.environments.base import Env, Task
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.io import load_pretrained, save_pretrained, weights_sha256
 from prime_swarm.libs.model.tokenizer import build_tokenizer, prompt_ids
 from prime_swarm.libs.rl.defaults import WARM_START, WarmStartConfig
 from prime_swarm.libs.rl.forward import forward_completions
+from prime_swarm.libs.rollout.episode import Limits, next_context
+from prime_swarm.protocol.messages import sampled_mask
 
 MARKER_FILE = "warm_start.json"
 # Bump when the recipe changes so cached warm starts from an older recipe are rebuilt.
@@ -56,9 +59,8 @@ def train_sft(
     model: CausalLM, cfg: WarmStartConfig, seed: int, progress: Progress | None = None
 ) -> list[float]:
     """Cross-entropy on noisy-teacher demonstrations; returns the loss curve."""
-    env = load_env(cfg.env)
+    env = load_env(cfg.env, cfg.env_args)
     tok = model.tokenizer
-    eos = min(model.eos_ids)
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.module.parameters(), lr=cfg.lr, weight_decay=0.0)
     # Cosine decay lets the short run settle into the teacher's mixture on every seed, instead
@@ -68,12 +70,17 @@ def train_sft(
     model.module.train()
     for step in range(cfg.steps):
         tasks = env.sample_tasks(seed * 1_000_003 + step, cfg.batch_size, "train")
-        pairs = []
+        pairs, sampled = [], []
         for t in tasks:
-            answer = env.noisy_answer(t, rng, cfg.error_rate)
-            answer_ids = tok(answer, add_special_tokens=False)["input_ids"]
-            pairs.append((prompt_ids(tok, t.prompt), [*answer_ids, eos]))
+            prompt = prompt_ids(tok, t.prompt)
+            turns = env.demonstration(t, rng, cfg.error_rate)
+            completion, spans = demonstrated(env, t, model, prompt, turns)
+            pairs.append((prompt, completion))
+            sampled.append(sampled_mask(spans, len(completion)))
         logits, _, targets, mask = forward_completions(model, pairs)
+        # The loss covers the model's turns, never the environment's replies between them.
+        for i, row in enumerate(sampled):
+            mask[i, : len(row)] &= torch.tensor(row, device=mask.device)
         loss = torch.nn.functional.cross_entropy(logits[mask], targets[mask])
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -85,6 +92,30 @@ def train_sft(
             progress(step + 1, cfg.steps, losses[-1])
     model.module.eval()
     return losses
+
+
+def demonstrated(
+    env: Env, task: Task, model: CausalLM, prompt: list[int], turns: list[str]
+) -> tuple[list[int], list[list[int]]]:
+    """A demonstration's tokens after the prompt and its turns' spans: each turn's text then
+    EOS, and between turns the environment's reply by the episode rule the worker plays by
+    (libs/rollout/episode.py); the demonstration stops where the episode would."""
+    tok, eos = model.tokenizer, min(model.eos_ids)
+    # Any turn length is allowed: the demonstration's turns are the env's own.
+    limits = Limits(max_new_tokens=1, budget=model.context_len - len(prompt))
+    completion: list[int] = []
+    spans: list[list[int]] = []
+    for text in turns:
+        start = len(completion)
+        completion += [*tok(text, add_special_tokens=False)["input_ids"], eos]
+        spans.append([start, len(completion)])
+        said = [completion[a:b] for a, b in spans]
+        reply = next_context(env, task, tok, model.eos_ids, said, len(completion), limits)
+        if reply is None:
+            break
+        completion += reply
+    # A reply after the last demonstrated turn leads nowhere: the branch ends at its EOS.
+    return completion[: spans[-1][1]], spans
 
 
 @contextmanager

@@ -54,8 +54,8 @@ def check_answers_lease(sub: RolloutSubmission, lease: Lease) -> None:
     for i, c in enumerate(sub.completions):
         if not c.token_ids:
             raise Refusal("bad_termination", f"completion {i} is empty")
-        if len(c.token_ids) > lease.sampling.max_new_tokens:
-            raise Refusal("bad_termination", f"completion {i} exceeds max_new_tokens")
+        if any(end - start > lease.sampling.max_new_tokens for start, end in c.sampled_spans):
+            raise Refusal("bad_termination", f"a turn of completion {i} exceeds max_new_tokens")
 
 
 def check_admission(

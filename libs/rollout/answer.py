@@ -12,7 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from prime_swarm.libs.environments import load_env
-from prime_swarm.libs.model.backend import Generation, GenerationBackend
+from prime_swarm.libs.model.backend import GenerationBackend
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.model.tokenizer import decode, prompt_ids
@@ -20,6 +20,7 @@ from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.toploc import ProofContext, build_proofs_batch, group_contexts
 from prime_swarm.protocol.messages import CompletionSample, Lease, RolloutSubmission
 
+from .episode import Branch, Limits, play
 from .recompute import prefill_hidden
 
 
@@ -76,7 +77,7 @@ class PendingSubmission:
     precision: str
     device_class: str
     prompt_ids: list[int]
-    completions: list[Generation]
+    completions: list[Branch]
     rewards: list[float]
     proofs: Future[list[bytes]]
     """The proofs of the whole batch this group was generated in; `span` is this group's."""
@@ -87,7 +88,8 @@ class PendingSubmission:
         samples = [
             CompletionSample(
                 token_ids=c.token_ids,
-                finish_reason=c.finish_reason,
+                sampled_spans=c.spans,
+                finish_reason=c.finish_reason,  # type: ignore[arg-type]
                 proof=proof,
                 claimed_reward=reward,
                 logprobs=c.logprobs,
@@ -112,9 +114,9 @@ class PendingSubmission:
 def start_leases(
     policy: LoadedPolicy, leases: Sequence[Lease], backend: GenerationBackend, builder: ProofBuilder
 ) -> list[PendingSubmission]:
-    """Generate every lease now, one backend call per sampling setting (a batch of 8 prompts
-    costs about a fifth per completion of 8 single-prompt calls on CPU); hand the proofs to the
-    background builder and return at once."""
+    """Play every lease's episodes now, one backend call per turn and sampling setting (a batch
+    of 8 prompts costs about a fifth per completion of 8 single-prompt calls on CPU); hand the
+    proofs to the background builder and return at once."""
     tok = policy.lm.tokenizer
     device = device_class(str(policy.lm.device))
     by_sampling: dict[tuple[int, int, float], list[Lease]] = defaultdict(list)
@@ -124,33 +126,38 @@ def start_leases(
     out: dict[str, PendingSubmission] = {}
     for (group_size, max_new_tokens, temperature), batch in by_sampling.items():
         prompts = [prompt_ids(tok, lease.prompt) for lease in batch]
+        groups: list[list[Branch]] = []
+        for lease, prompt in zip(batch, prompts, strict=True):
+            env = load_env(lease.env, lease.env_args)
+            task = env.task_from_id(lease.task_id)
+            limits = Limits.of(policy.lm, len(prompt), max_new_tokens)
+            groups.append(
+                [Branch(env, task, prompt, lease.seed, j, limits) for j in range(group_size)]
+            )
         t0 = time.perf_counter()
-        groups = backend.generate(
+        play(
+            backend,
             policy.lm,
-            prompts,
-            [lease.seed for lease in batch],
-            group_size=group_size,
+            [b for g in groups for b in g],
             max_new_tokens=max_new_tokens,
             temperature=temperature,
         )
         builder.timer.add(gen=time.perf_counter() - t0)
         # One proof job for the whole batch: the field arithmetic runs once over every chunk.
+        # A proof covers every token after the prompt, the environment's too: one prefill per
+        # branch, whatever its turns.
         pairs: list[tuple[list[int], list[int]]] = []
         contexts: list[ProofContext] = []
         spans: list[slice] = []
-        for lease, prompt, completions in zip(batch, prompts, groups, strict=True):
-            spans.append(slice(len(pairs), len(pairs) + len(completions)))
-            pairs.extend((prompt, c.token_ids) for c in completions)
+        for lease, prompt, branches in zip(batch, prompts, groups, strict=True):
+            spans.append(slice(len(pairs), len(pairs) + len(branches)))
+            pairs.extend((prompt, b.token_ids) for b in branches)
             contexts.extend(
-                group_contexts(
-                    policy.model_hash, lease.lease_id, [c.token_ids for c in completions]
-                )
+                group_contexts(policy.model_hash, lease.lease_id, [b.token_ids for b in branches])
             )
         future = builder.submit(policy.lm, backend.precision, pairs, contexts)
-        for lease, prompt, completions, span in zip(batch, prompts, groups, spans, strict=True):
-            env = load_env(lease.env, lease.env_args)
-            task = env.task_from_id(lease.task_id)
-            rewards = [env.reward(task, decode(tok, c.token_ids)) for c in completions]
+        for lease, prompt, branches, span in zip(batch, prompts, groups, spans, strict=True):
+            rewards = [b.env.score(b.task, [decode(tok, t) for t in b.turns()]) for b in branches]
             out[lease.lease_id] = PendingSubmission(
                 lease,
                 policy.version,
@@ -158,7 +165,7 @@ def start_leases(
                 backend.precision,
                 device,
                 prompt,
-                completions,
+                branches,
                 rewards,
                 future,
                 span,

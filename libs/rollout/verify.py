@@ -35,10 +35,11 @@ from prime_swarm.libs.toploc import (
     pooled_mant_err_mean,
     verify_proofs_batch,
 )
-from prime_swarm.protocol.messages import SubmittedRollout, VerifiedCompletion
+from prime_swarm.protocol.messages import SubmittedRollout, VerifiedCompletion, sampled_mask
 
 from .admission import Refusal
 from .calibration import Acceptance, acceptance_for
+from .episode import Limits, replay_turns
 from .recompute import Recomputed, decode_logits, recompute
 
 
@@ -115,18 +116,6 @@ def hidden_noise(recs: Sequence[Recomputed]) -> torch.Tensor:
     return per.clamp_min(float(per.pow(2).mean().sqrt()))
 
 
-def termination_ok(
-    token_ids: Sequence[int], finish_reason: str, eos_ids: frozenset[int], max_new_tokens: int
-) -> bool:
-    """Does the completion stop where honest decoding would: at its first EOS, or at the cap?"""
-    n_eos = sum(t in eos_ids for t in token_ids)
-    if finish_reason == "eos":
-        return n_eos == 1 and token_ids[-1] in eos_ids and len(token_ids) <= max_new_tokens
-    if finish_reason == "length":
-        return n_eos == 0 and len(token_ids) == max_new_tokens
-    return False
-
-
 # --------------------------------------------------------------------------- cheap checks
 def check_prompt(entry: SubmittedRollout, lm: CausalLM) -> None:
     if entry.submission.prompt_token_ids != prompt_ids(lm.tokenizer, entry.lease.prompt):
@@ -190,9 +179,13 @@ class CompletionEvidence:
     max_replay_z: float
     """The largest gap in units of the honest noise at its position (`replay_z`)."""
     first_bad_position: int | None
-    """The first token whose replay is a reject (None: none is)."""
+    """The first sampled token whose replay is a reject (None: none is)."""
     reward: RewardParts
     logprobs: list[float]
+    episode: Refusal | None = None
+    """Why the environment, run again on the claimed turns, disagrees with the branch (None:
+    every token the model did not sample is the environment's and the episode ends where the
+    branch does)."""
 
 
 @dataclass
@@ -248,33 +241,42 @@ def measure_group(
         [t for c in sub.completions for t in c.token_ids], dtype=torch.long, device=lm.device
     )
     logits = lm.head_logits(torch.cat([r.reference for r in recs]).to(lm.device))
+    # The noise of completion position k is keyed (seed, sample, k) whether the model or the
+    # environment wrote the tokens before it; only the model's positions are judged.
     rows = [(lease.seed, i, k) for i, n in enumerate(lengths) for k in range(n)]
+    sampled = torch.tensor(
+        [m for c in sub.completions for m in sampled_mask(c.sampled_spans, len(c.token_ids))]
+    )
     played = replay(logits, tokens, temperature, rows)
     zs = replay_z(
         lm, played, tokens, hidden_noise(recs), temperature, acceptance.replay_noise_floor
     ).cpu()
-    gaps = played.gaps.cpu()
+    gaps = played.gaps.cpu().where(sampled, torch.zeros(()))
+    zs = zs.where(sampled, torch.zeros(()))
     logprobs = token_logprobs(logits, tokens, temperature).cpu()
     bad = (gaps >= acceptance.max_replay_gap) | (zs >= acceptance.replay_z.reject_from)
+    prompt_len = len(sub.prompt_token_ids)
+    limits = Limits.of(lm, prompt_len, lease.sampling.max_new_tokens)
     out = []
     at = 0
     for c, proof, n in zip(sub.completions, proofs, lengths, strict=True):
         mine = slice(at, at + n)
         at += n
         bad_at = torch.nonzero(bad[mine])
+        try:
+            turns = replay_turns(env, task, lm.tokenizer, lm.eos_ids, c, limits)
+            episode = None
+        except Refusal as why:
+            turns, episode = [decode(lm.tokenizer, c.token_ids)], why
         out.append(
             CompletionEvidence(
                 proof=proof,
                 max_replay_gap=float(gaps[mine].max()),
                 max_replay_z=float(zs[mine].max()),
                 first_bad_position=int(bad_at[0, 0]) if len(bad_at) else None,
-                reward=score(
-                    env.reward(task, decode(lm.tokenizer, c.token_ids)),
-                    n,
-                    lease.target_tokens,
-                    length,
-                ),
+                reward=score(env.score(task, turns), n, lease.target_tokens, length),
                 logprobs=logprobs[mine].tolist(),
+                episode=episode,
             )
         )
     worker_err = pooled_mant_err_mean(list(proofs))
@@ -321,12 +323,15 @@ class Judgement:
 def judge_group(
     work: Work, evidence: GroupEvidence, acceptance: Acceptance, reward_tolerance: float
 ) -> Judgement:
-    """Exact checks first (a gross proof failure, termination, reward: rejected outright), then
+    """Exact checks first (the episode's environment tokens and termination, a gross proof
+    failure, reward: rejected outright), then
     the noisy statistics against their bands: the weight ratio, the replay's z (an absolute
     replay gap from `max_replay_gap` rejects outright) and, where the worker declared this
     validator's class, the same-class error."""
-    entry, policy = work.entry, work.policy
-    sub, lease = entry.submission, entry.lease
+    sub = work.entry.submission
+    for i, ev in enumerate(evidence.completions):
+        if ev.episode is not None:
+            return _rejected(evidence, ev.episode.reason, f"completion {i}: {ev.episode.detail}")
     mantissa_why: Refusal | None = None
     for i, ev in enumerate(evidence.completions):
         if ev.proof.ok:
@@ -341,15 +346,6 @@ def judge_group(
         mantissa_why = mantissa_why or Refusal("bad_proof", f"completion {i}: {ev.proof.reason}")
     out: list[VerifiedCompletion] = []
     for i, (c, ev) in enumerate(zip(sub.completions, evidence.completions, strict=True)):
-        if not termination_ok(
-            c.token_ids, c.finish_reason, policy.lm.eos_ids, lease.sampling.max_new_tokens
-        ):
-            return _rejected(
-                evidence,
-                "bad_termination",
-                f"completion {i} ({c.finish_reason}) does not stop at its first EOS or at "
-                f"max_new_tokens={lease.sampling.max_new_tokens}",
-            )
         # The worker claims the task score only: the length part needs no pool settings.
         claimed, task = c.claimed_reward, ev.reward.task
         if claimed is not None and abs(claimed - task) > reward_tolerance:
@@ -359,6 +355,7 @@ def judge_group(
         out.append(
             VerifiedCompletion(
                 token_ids=c.token_ids,
+                sampled_spans=c.sampled_spans,
                 logprobs=ev.logprobs,
                 inference_logprobs=c.logprobs,
                 reward=ev.reward.total,

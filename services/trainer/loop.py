@@ -224,6 +224,7 @@ class Trainer:
                     reward=c.reward,
                     temperature=r.sampling.temperature,
                     inference_logprobs=c.inference_logprobs,
+                    sampled_spans=c.sampled_spans or None,
                 )
                 for c in r.completions
             ]

@@ -16,8 +16,9 @@ from prime_swarm.libs.model.logprobs import token_logprobs
 from prime_swarm.libs.model.noise import gumbel_noise, gumbel_rows
 from prime_swarm.libs.model.tokenizer import build_tokenizer, prompt_ids
 from prime_swarm.libs.rollout.calibration import acceptance_for
+from prime_swarm.libs.rollout.episode import termination_ok
 from prime_swarm.libs.rollout.recompute import decode_logits, prefill_hidden, recompute
-from prime_swarm.libs.rollout.verify import replay_gaps, termination_ok
+from prime_swarm.libs.rollout.verify import replay_gaps
 
 EOS = 258
 TEXTS = ["rev 4821=", "rev 7=", "rev 90817="]

@@ -154,3 +154,37 @@ def test_micro_batches_accumulate_to_the_one_batch_gradient() -> None:
     assert s1["loss"] == pytest.approx(s2["loss"], abs=1e-6)
     for a, b in zip(g1, g2, strict=True):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed", "shared_prompt"])
+def test_environment_tokens_get_no_gradient(layout: str) -> None:
+    """A multi-turn branch trains on the model's turns only: the environment's reply between
+    them is context. Whatever its tokens and behaviour log-probs, the step is the same, and its
+    token count is the sampled tokens'."""
+    lm = _lm()
+    prompt = prompt_ids(lm.tokenizer, "guess:")
+    turn1, turn2 = _answer(lm, "4"), _answer(lm, "6")
+
+    def step(reply: str, reply_logprob: float) -> tuple[dict[str, float], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model = _lm()
+        ctx = lm.tokenizer(reply, add_special_tokens=False)["input_ids"]
+        comps = [turn1 + ctx + turn2, turn2 + ctx + turn1]
+        spans = [[0, len(turn1)], [len(turn1) + len(ctx), len(comps[0])]]
+        rollouts = []
+        for comp, reward in zip(comps, (1.0, 0.0), strict=True):
+            lps = _logprobs(model, prompt, comp, 1.0)
+            for k in range(spans[0][1], spans[1][0]):
+                lps[k] = reply_logprob
+            rollouts.append(Rollout(prompt, comp, lps, reward, sampled_spans=spans))
+        stats = train_step(
+            model, make_optimizer(model, lr=1e-2), [rollouts], GRPOConfig(layout=layout)
+        )  # type: ignore[arg-type]
+        return stats, [p.detach().clone() for p in model.module.parameters()]
+
+    stats_a, params_a = step("+\n", -3.0)
+    stats_b, params_b = step("+\n", -30.0)  # behaviour log-probs at context: ignored
+    assert stats_a["tokens"] == float(2 * (len(turn1) + len(turn2)))
+    assert stats_a["clip_frac"] == stats_b["clip_frac"] == 0.0
+    for a, b in zip(params_a, params_b, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
