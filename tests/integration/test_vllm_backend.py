@@ -41,6 +41,13 @@ def test_sampling_is_the_pools_seeded_rule(probe: dict) -> None:
     assert probe["replay_gap_max"] <= tolerance
 
 
+def test_later_turns_continue_the_noise_at_their_offset(probe: dict) -> None:
+    # Rows that continue a branch at completion position 7: vLLM's processor keys the noise
+    # as the hf backend does (near-ties aside), and not as a fresh turn at position 0.
+    assert probe["offset_same_tokens_as_hf"] >= probe["offset_rows"] - 1
+    assert probe["offset_changes_draw"] >= probe["offset_rows"] // 2
+
+
 def test_proofs_match_the_validators_recomputation(probe: dict) -> None:
     assert probe["max_logprob_diff_vs_prefill"] <= 0.1
     assert probe["pooled_err"] <= acceptance_for("vllm").recheck.max_group_mant_err

@@ -11,6 +11,7 @@ from pathlib import Path
 def main(tmp: Path) -> dict:
     import torch
 
+    from prime_swarm.libs.model.backend import SampleRow
     from prime_swarm.libs.model.build import build_tiny_model
     from prime_swarm.libs.model.hf_backend import HFBackend
     from prime_swarm.libs.model.io import load_pretrained
@@ -37,6 +38,28 @@ def main(tmp: Path) -> dict:
         x.token_ids == y.token_ids
         for g, h in zip(together, hf, strict=True)
         for x, y in zip(g, h, strict=True)
+    )
+    # A later turn continues a branch: its noise is keyed from the row's offset on, by both
+    # engines alike, and a row at offset 0 is a different draw.
+    rows = [
+        SampleRow([*p, 66, 67], s, j, 7)
+        for p, s in zip(prompts, seeds, strict=True)
+        for j in (0, 1)
+    ]
+    at_offset = backend.generate_rows(a, rows, max_new_tokens=12, temperature=1.0)
+    hf_offset = HFBackend("bf16").generate_rows(a, rows, max_new_tokens=12, temperature=1.0)
+    out["offset_rows"] = len(rows)
+    out["offset_same_tokens_as_hf"] = sum(
+        x.token_ids == y.token_ids for x, y in zip(at_offset, hf_offset, strict=True)
+    )
+    at_zero = backend.generate_rows(
+        a,
+        [SampleRow(r.context, r.seed, r.sample) for r in rows],
+        max_new_tokens=12,
+        temperature=1.0,
+    )
+    out["offset_changes_draw"] = sum(
+        x.token_ids != y.token_ids for x, y in zip(at_offset, at_zero, strict=True)
     )
     out["completions"] = sum(len(g) for g in together)
     flat = [c for g in together for c in g]
