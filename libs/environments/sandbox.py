@@ -1,4 +1,5 @@
-"""Run untrusted Python source against tests in a resource-limited, audited subprocess.
+"""Run untrusted Python in a resource-limited, audited subprocess: against tests (`run_tests`), or
+as a persistent REPL's cells (`run_cells`, the tool of the multi-turn environments).
 
 The code to run is a model's completion, and a validator runs completions that untrusted workers
 submitted, so it is hostile input. The guards, from the kernel up:
@@ -8,13 +9,15 @@ submitted, so it is hostile input. The guards, from the kernel up:
   audit hook below is what refuses forks);
 - a new session, so the whole process group is SIGKILLed on timeout or output flood, plus a wall
   clock limit for code that sleeps or blocks rather than spins;
-- a fresh 0700 temporary directory as cwd, deleted afterwards; an empty environment (nothing of
-  the caller's, no credentials); stdin is /dev/null; stdout and stderr are read with a size cap;
-- `python -I -S -B`: no PYTHON* variables, no user site, no cwd on sys.path (so files the code
-  writes cannot shadow stdlib modules), no `site` (so no site-packages, no .pth hooks, no venv
-  packages; also no `exit()`/`quit()` builtins, which a solution calling them pays for with a
-  NameError), and no .pyc writes. With no site-packages the child runs `_child_main`'s source
-  alone, using builtin modules only;
+- a fresh 0700 temporary directory as cwd, deleted afterwards; an environment of its own (nothing
+  of the caller's, no credentials); stdin is /dev/null; stdout and stderr are read with a size cap;
+- `python -s -P -S -B` in an environment holding PYTHONHASHSEED=0 alone (`-I` less its `-E`,
+  which would ignore that seed): no other PYTHON* variables, no user site, no cwd on sys.path (so
+  files the code writes cannot shadow stdlib modules), no `site` (so no site-packages, no .pth
+  hooks, no venv packages; also no `exit()`/`quit()` builtins, which a solution calling them pays
+  for with a NameError), and no .pyc writes. With no site-packages the child runs the harness's
+  source alone (`_HARNESS`), using builtin modules and the stdlib only. The fixed hash seed makes
+  set and dict-of-str order the same on every run, so a worker and a validator see one result;
 - in the child, before the code runs, an audit hook (`sys.addaudithook`, which cannot be removed)
   that kills the process on: sockets, process creation, signals to other processes, ctypes,
   subinterpreters, bytecode loading, writes outside the temp dir, reads outside the temp dir and
@@ -23,7 +26,8 @@ submitted, so it is hostile input. The guards, from the kernel up:
   ...) are deleted from their modules, and so is `_imp.create_builtin`, which could re-create
   them;
 - the child never sees the expected outputs: it reports what the function returned, and the
-  parent compares. A child that forges its report still has to produce the right answers.
+  parent compares. A child that forges its report still has to produce the right answers. A
+  cell's report is its own output anyway: forging it changes only what the code itself shows.
 
 What this is not: a security boundary against native code execution. CPython documents audit
 hooks as unsuitable for sandboxing on their own, and a memory-corruption bug in the interpreter
@@ -39,6 +43,7 @@ import functools
 import inspect
 import marshal
 import os
+import re
 import resource
 import selectors
 import shutil
@@ -55,8 +60,12 @@ Reason = Literal["ok", "timeout", "memory", "error", "forbidden", "output_limit"
 
 FORBIDDEN_EXIT = 86  # the child's exit status when its audit hook refused something
 MEMORY_EXIT = 87  # ... and when the code ran out of memory
+OUTPUT_EXIT = 88  # ... and when one cell wrote more than `Limits.output_bytes` chars
+EXITS = (FORBIDDEN_EXIT, MEMORY_EXIT, OUTPUT_EXIT)
 PAYLOAD_NAME = "payload.marshal"
 RESULT_MARKER = "\x1esandbox-result:"  # starts the child's report line on stdout
+CELL_MARKER = "\x1esandbox-cell:"  # the cells harness writes it, and the index, before each cell
+MARKERS = (RESULT_MARKER, CELL_MARKER)
 
 
 @dataclass(frozen=True)
@@ -86,24 +95,59 @@ class SandboxResult:
     detail: str = ""  # the tail of the child's stderr, for debugging
 
 
-def _child_main(payload: str, forbidden_exit: int, memory_exit: int, marker: str) -> None:
-    """The child's whole program: load the payload, arm the guards, run the calls, report.
+def _child_main(payload: str, exits: tuple[int, int, int], markers: tuple[str, str]) -> None:
+    """The child's whole program: load the payload, arm the guards, run the job, report.
 
-    Shipped to the child as source (see `_command`), so it must be self-contained and use builtin
-    modules only. Everything the guards rely on is bound as a default argument before untrusted
-    code runs, so that monkeypatching builtins or modules cannot change what they do, and the
-    state they keep is immutable (tuples, frozensets, an itertools.count that only goes up).
+    Shipped to the child as source with the functions it calls (`_HARNESS`), so they must be
+    self-contained and use builtin modules (and, for cells, the stdlib) only. The job's function
+    is looked up before any untrusted code runs, and each binds what it needs after that as a
+    local, so monkeypatching a module or a global cannot change how the job ends.
     """
-    import builtins
-    import itertools
     import marshal
+    import posix
+
+    # Read before the guards are armed: they refuse every marshal.loads. Removed, so that the
+    # code finds its directory empty (and a REPL's `os.listdir()` the same on every run).
+    with open(payload, "rb") as fh:
+        mode, max_files, job = marshal.loads(fh.read())
+    posix.unlink(payload)
+    if mode == "cells":
+        _fix_nondeterminism()
+    _arm_guards(max_files, exits[0])
+    if mode == "tests":
+        _call_entry(*job, exits[1], markers[0])
+    else:
+        _run_cells(*job, exits, markers)
+
+
+def _fix_nondeterminism() -> None:
+    """What a REPL's output would otherwise owe to chance: the cells of an episode run again on
+    a validator, which must see the very same output. Threads race to write; `random` seeds
+    itself from the OS at import. (The hash seed is fixed by the parent.) Clocks, pids, `id()`
+    and os.urandom stay as they are: code that prints them gets output no one can reproduce."""
+    import _thread
+    import random
+
+    random.seed(0)
+
+    def no_threads(*args, **kwargs):
+        raise RuntimeError("threads are not available in the sandbox")
+
+    for name in ("start_new_thread", "start_new", "start_joinable_thread"):
+        if hasattr(_thread, name):
+            setattr(_thread, name, no_threads)
+
+
+def _arm_guards(max_files: int, forbidden_exit: int) -> None:
+    """Delete the unaudited functions that could escape and install the audit hook (see the
+    module's docstring). Everything the hook relies on is bound as a default argument, so that
+    monkeypatching builtins or modules cannot change what it does, and the state it keeps is
+    immutable (tuples, frozensets, an itertools.count that only goes up)."""
+    import itertools
     import posix
     import sys
 
     write, exit_ = posix.write, posix._exit
-    with open(payload, "rb") as fh:
-        source, entry, calls, max_files = marshal.loads(fh.read())
-
     sandbox = posix.getcwd() + "/"
     # Under -S, sys.path is the stdlib alone (zip, lib, lib-dynload).
     stdlib = tuple(posix._path_normpath(p) + "/" for p in sys.path if p.startswith("/"))
@@ -251,7 +295,14 @@ def _child_main(payload: str, forbidden_exit: int, memory_exit: int, marker: str
             exit_(forbidden_exit)
 
     sys.addaudithook(hook)
-    del hook, unaudited, module
+
+
+def _call_entry(source: str, entry: str, calls: list, memory_exit: int, marker: str) -> None:
+    """`run_tests`' job: define `source`, call `entry` on each argument tuple, report outcomes."""
+    import builtins
+    import posix
+
+    write, exit_ = posix.write, posix._exit
 
     def plain(value, depth=0, type=type, exact=(type(None), bool, int, float, str, bytes)):
         # Exact builtin types only: their repr cannot be overridden, so the report shows what
@@ -300,22 +351,177 @@ def _child_main(payload: str, forbidden_exit: int, memory_exit: int, marker: str
     exit_(0)
 
 
+def _run_cells(
+    cells: list, keep_chars: int, flood_chars: int, exits: tuple, markers: tuple
+) -> None:
+    """`run_cells`' job: run (name, source) cells in one namespace, the way a REPL runs what is
+    typed into it, and report the last cell's output.
+
+    Every cell runs exactly the same way whichever position it has (its final bare expression
+    echoed, its exception rendered, its output counted against the flood limit), so that
+    replaying the earlier cells of an episode rebuilds the very state they left the first time;
+    only the last cell's output is kept (its first `keep_chars` chars). An exception ends its
+    cell, not the run, as in a REPL. A cell that writes more than `flood_chars` chars ends the
+    run with OUTPUT_EXIT. Before each cell the harness writes CELL_MARKER and the cell's index to
+    its real stdout, so the parent knows which cell a killed run was in.
+    """
+    import _ast
+    import builtins
+    import posix
+    import sys
+
+    write, exit_, ascii_, isinstance_, str_ = posix.write, posix._exit, ascii, isinstance, str
+    memory_exit, output_exit = exits[1], exits[2]
+    result_marker, cell_marker = markers
+    # Split as the compiler counts lines (splitlines() would also split at \f, \x1c, ...).
+    lines = {name: source.split("\n") for name, source in cells}
+    # written: chars the current cell wrote; kept: the last cell's first keep_chars chars.
+    # Reachable from the code through sys.stdout's closure, which changes only its own output.
+    state = {"written": 0, "keep": False, "kept": [], "kept_chars": 0}
+
+    class Output:
+        """sys.stdout and sys.stderr while the cells run (a notebook shows both as one)."""
+
+        encoding = "utf-8"
+        errors = "strict"
+
+        def write(self, text):
+            if not isinstance_(text, str_):
+                raise TypeError("write() argument must be str, not " + type(text).__name__)
+            text = str_.__str__(text)  # an exact str, whatever subclass came in
+            state["written"] += len(text)
+            if state["keep"] and state["kept_chars"] < keep_chars:
+                piece = text[: keep_chars - state["kept_chars"]]
+                state["kept"].append(piece)
+                state["kept_chars"] += len(piece)
+            if state["written"] > flood_chars:
+                exit_(output_exit)
+            return len(text)
+
+        def flush(self):
+            pass
+
+        def isatty(self):
+            return False
+
+        def writable(self):
+            return True
+
+    out = Output()
+    sys.stdout = sys.stderr = sys.__stdout__ = sys.__stderr__ = out
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+
+    def frame_text(frame):
+        name, lineno, function = frame
+        text = f'  File "{name}", line {lineno}, in {function}\n'
+        source = lines[name]
+        if type(lineno) is int and 1 <= lineno <= len(source) and source[lineno - 1].strip():
+            text += "    " + source[lineno - 1].strip() + "\n"
+        return text
+
+    def render(exc):
+        # Like the REPL's traceback, without the harness's frames (or the stdlib's, whose paths
+        # differ between machines): only frames of the cells, identical consecutive frames cut
+        # after three as CPython does.
+        frames = []
+        tb = exc.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if code.co_filename in lines:
+                frames.append((code.co_filename, tb.tb_lineno, code.co_name))
+            tb = tb.tb_next
+        parts = ["Traceback (most recent call last):\n"] if frames else []
+        previous, count = None, 0
+        for frame in frames:
+            if frame == previous:
+                count += 1
+            else:
+                if count > 3:
+                    parts.append(f"  [Previous line repeated {count - 3} more times]\n")
+                previous, count = frame, 1
+            if count <= 3:
+                parts.append(frame_text(frame))
+        if count > 3:
+            parts.append(f"  [Previous line repeated {count - 3} more times]\n")
+        kind = type(exc)
+        label = kind.__qualname__
+        if kind.__module__ not in ("__main__", "builtins"):
+            label = f"{kind.__module__}.{label}"
+        if isinstance_(exc, SyntaxError):
+            parts.append(f'  File "{exc.filename}", line {exc.lineno}\n')
+            text = exc.text
+            if type(text) is str and text.strip():
+                shown = text.rstrip("\n").lstrip()
+                parts.append("    " + shown + "\n")
+                if type(exc.offset) is int and exc.offset >= 1:
+                    column = exc.offset - 1 - (len(text.rstrip("\n")) - len(shown))
+                    parts.append("    " + " " * max(column, 0) + "^\n")
+            message = str_(exc.msg)
+        else:
+            message = str_(exc)
+        parts.append(f"{label}: {message}\n" if message else f"{label}\n")
+        return "".join(parts)
+
+    def run(name, source):
+        """Run one cell; True if it raised."""
+        try:
+            tree = compile(source, name, "exec", _ast.PyCF_ONLY_AST)
+            last = tree.body[-1] if tree.body else None
+            if type(last) is _ast.Expr:
+                tree.body = tree.body[:-1]
+            exec(compile(tree, name, "exec"), namespace)
+            if type(last) is _ast.Expr:
+                value = eval(compile(_ast.Expression(body=last.value), name, "eval"), namespace)
+                if value is not None:
+                    out.write(repr(value) + "\n")
+            return False
+        except MemoryError:
+            exit_(memory_exit)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit too: the REPL carries on
+            try:
+                out.write(render(exc))
+            except MemoryError:
+                exit_(memory_exit)
+            except BaseException:  # noqa: BLE001 - a __str__ that raises, say
+                out.write("Error: the exception could not be shown\n")
+            return True
+
+    raised = False
+    for index, (name, source) in enumerate(cells):
+        write(1, (cell_marker + str_(index) + "\n").encode())
+        state["written"], state["keep"] = 0, index == len(cells) - 1
+        raised = run(name, source)
+    try:
+        report = ("error" if raised else "ok", "".join(state["kept"]), state["written"])
+        data = memoryview(("\n" + result_marker + ascii_(report) + "\n").encode("ascii"))
+    except MemoryError:
+        exit_(memory_exit)
+    while data:
+        data = data[write(1, data) :]
+    exit_(0)
+
+
+# The child's program: these functions' source, then a call of `_child_main` (see `_command`).
+_HARNESS = (_child_main, _fix_nondeterminism, _arm_guards, _call_entry, _run_cells)
+
+
 @functools.cache
 def _harness() -> str:
     # Read on first use rather than at import, so that importing the envs never depends on this
     # file's source being present.
-    return inspect.getsource(_child_main)
+    return "\n\n".join(inspect.getsource(fn) for fn in _HARNESS)
 
 
 def _command(workdir: str) -> list[str]:
-    call = f"_child_main({PAYLOAD_NAME!r}, {FORBIDDEN_EXIT}, {MEMORY_EXIT}, {RESULT_MARKER!r})"
+    call = f"_child_main({PAYLOAD_NAME!r}, {EXITS!r}, {MARKERS!r})"
     return [
         sys.executable,
-        "-I",
+        "-s",
+        "-P",
         "-S",
         "-B",
         "-X",
-        "utf8",  # stdout encoding independent of the (empty) environment
+        "utf8",  # stdout encoding independent of the (near empty) environment
         # No stdlib .pyc is ever found, so imports compile from source and the hook can refuse
         # every marshal.loads: loading crafted bytecode is a classic way around audit hooks.
         "-X",
@@ -323,6 +529,11 @@ def _command(workdir: str) -> list[str]:
         "-c",
         f"{_harness()}\n{call}\n",
     ]
+
+
+# The child's whole environment. Nothing of the caller's (no credentials); the hash seed fixed so
+# that str hashes, and with them set order, are the same on every run and every machine.
+CHILD_ENV = {"PYTHONHASHSEED": "0"}
 
 
 def _limit_setter(limits: Limits) -> Callable[[], None]:
@@ -384,7 +595,7 @@ def _run_child(cmd: list[str], workdir: str, limits: Limits) -> _Run:
         proc = subprocess.Popen(
             cmd,
             cwd=workdir,
-            env={},
+            env=CHILD_ENV,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -499,6 +710,18 @@ def _remove(workdir: str) -> None:
     shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _run_job(mode: str, job: tuple[Any, ...], limits: Limits) -> tuple[_Run, str]:
+    """Run the harness on `job` in a fresh temp dir; the run and that (removed) dir's path."""
+    payload = marshal.dumps((mode, limits.max_files, job))
+    workdir = tempfile.mkdtemp(prefix="prime-sandbox-")
+    try:
+        with open(os.path.join(workdir, PAYLOAD_NAME), "wb") as fh:
+            fh.write(payload)
+        return _run_child(_command(workdir), workdir, limits), workdir
+    finally:
+        _remove(workdir)
+
+
 def run_tests(
     source: str, entry: str, cases: Sequence[Case], limits: Limits | None = None
 ) -> SandboxResult:
@@ -512,14 +735,7 @@ def run_tests(
     total = len(cases)
     if len(source) > limits.max_source_chars:
         return SandboxResult(False, 0, total, "error", 0.0, "source too long")
-    payload = marshal.dumps((source, entry, [tuple(c.args) for c in cases], limits.max_files))
-    workdir = tempfile.mkdtemp(prefix="prime-sandbox-")
-    try:
-        with open(os.path.join(workdir, PAYLOAD_NAME), "wb") as fh:
-            fh.write(payload)
-        run = _run_child(_command(workdir), workdir, limits)
-    finally:
-        _remove(workdir)
+    run, _ = _run_job("tests", (source, entry, [tuple(c.args) for c in cases]), limits)
     reason, passed = _score(run, cases)
     return SandboxResult(
         passed=reason == "ok" and passed == total,
@@ -528,4 +744,154 @@ def run_tests(
         reason=reason,
         duration_s=time.monotonic() - start,
         detail=run.stderr[-500:].decode("utf-8", "replace").strip(),
+    )
+
+
+@dataclass(frozen=True)
+class CellResult:
+    output: str
+    """The last cell's stdout and stderr as one text, as a REPL shows them (a final bare
+    expression's repr echoed, an exception as a traceback of the cells' own frames), at most
+    `max_output_chars`; or, when the sandbox stopped the run, a fixed one-line message."""
+    reason: Reason
+    """"ok": the last cell ran to its end; "error": it raised (the traceback ends `output`), or
+    the sandbox failed; "timeout", "memory", "forbidden", "output_limit": the sandbox stopped
+    the run in cell `cell`."""
+    cell: int
+    """The cell `output` is about: `len(cells) - 1` unless an earlier cell stopped the run (its
+    index in `cells`; -1 is `setup`). A caller keeping a REPL session can tell from it that the
+    session died before its last cell."""
+    duration_s: float
+    detail: str = ""  # the tail of the child's stderr, for debugging; not deterministic
+
+
+TRUNCATED = "\n[output truncated]\n"
+# Kept beyond the shown cap before scrubbing, so that a temp-dir path or address that straddles
+# the cap is still replaced whole (each replacement shortens the text).
+_SCRUB_MARGIN = 1024
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _stopped_message(reason: Reason, stderr: bytes) -> str:
+    """The fixed text a run the sandbox stopped shows: what is left of its output depends on
+    where the clock or the memory ran out, so none of it is shown."""
+    if reason == "forbidden":
+        # The hook's own line names the event and the path or module as the code wrote it.
+        refused = stderr.rsplit(b"\nsandbox: refused ", 1)
+        what = refused[1].split(b"\n", 1)[0].decode("utf-8", "replace") if len(refused) > 1 else ""
+        return f"PermissionError: the sandbox refused {what or 'an operation'}\n"
+    return {
+        "timeout": "TimeoutError: the cell ran past its time limit\n",
+        "memory": "MemoryError: the cell ran out of memory\n",
+        "output_limit": "OutputLimitError: the cell wrote more output than the sandbox allows\n",
+    }.get(reason, "SandboxError: the interpreter stopped without a report\n")
+
+
+def _cells_report(stdout: bytes) -> tuple[Reason, str, int] | None:
+    """The cells harness's (status, last cell's output, chars it wrote), or None when the report
+    is missing or malformed."""
+    start = stdout.rfind(b"\n" + RESULT_MARKER.encode())
+    if start < 0:
+        return None
+    line = stdout[start + 1 + len(RESULT_MARKER) :].split(b"\n", 1)[0]
+    try:
+        report = ast.literal_eval(line.decode("ascii"))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, UnicodeDecodeError):
+        return None
+    if type(report) is not tuple or len(report) != 3:
+        return None
+    status, text, written = report
+    if status not in ("ok", "error") or type(text) is not str or type(written) is not int:
+        return None
+    return status, text, written
+
+
+def _cells_outcome(run: _Run, n_cells: int) -> tuple[Reason, int, str, int]:
+    """(reason, index of the cell the run ended in among `n_cells` counting setup as 0, the raw
+    output, chars the last cell wrote) of a cells run."""
+    rc = run.returncode
+    reason: Reason | None = run.killed_for
+    if reason is None:
+        if rc == FORBIDDEN_EXIT:
+            reason = "forbidden"
+        elif rc == MEMORY_EXIT or (rc != 0 and b"MemoryError" in run.stderr):
+            reason = "memory"
+        elif rc == OUTPUT_EXIT:
+            reason = "output_limit"
+        elif rc in (-signal.SIGXCPU, -signal.SIGKILL):  # the CPU limit's soft and hard signals
+            reason = "timeout"
+    report = _cells_report(run.stdout) if reason is None and rc == 0 else None
+    if report is not None:
+        status, text, written = report
+        return status, n_cells - 1, text, written
+    # Stopped: the last marker the harness wrote says in which cell (none yet: in setup).
+    marks = run.stdout.rsplit(CELL_MARKER.encode(), 1)
+    digits = marks[1].split(b"\n", 1)[0] if len(marks) > 1 else b""
+    cell = min(int(digits), n_cells - 1) if digits.isdigit() and len(digits) < 9 else 0
+    reason = reason or "error"
+    message = _stopped_message(reason, run.stderr)
+    return reason, cell, message, len(message)
+
+
+def _scrub(text: str, workdir: str) -> str:
+    """`text` without what differs between two runs of the same cells: the temp dir's path (in
+    any form the code may print it) and the addresses in default reprs (`<object at 0x...>`).
+    Surrogates (from a lone one the code printed) become escapes, so the text encodes."""
+    for path in sorted({os.path.realpath(workdir), workdir}, key=len, reverse=True):
+        text = text.replace(path, "/sandbox")
+    text = text.replace(os.path.basename(workdir), "sandbox")
+    text = _ADDRESS.sub(" at 0x...", text)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def run_cells(
+    cells: Sequence[str],
+    limits: Limits | None = None,
+    setup: str = "",
+    max_output_chars: int = 512,
+) -> CellResult:
+    """Run `setup`, then each of `cells` in order, in one fresh sandboxed interpreter sharing one
+    namespace, and return what the last cell printed: a persistent Python REPL made stateless.
+
+    A caller that keeps a REPL session across calls passes all of the session's cells each time:
+    replaying them rebuilds the state, so the same cells give the same output on any machine and
+    in any order of calls, which is what lets a validator check an episode's tool outputs. The
+    cells are compiled as `<cell 1>`, `<cell 2>`, ... (setup as `<setup>`), so tracebacks name
+    them and nothing of the harness; the temp dir's path reads `/sandbox`. Determinism covers
+    what the code does deterministically: the hash seed and `random`'s seed are fixed and threads
+    refused, but code that prints a clock, a pid, `id()`, os.urandom or the interpreter's own
+    paths gets output that no one can reproduce; and a cell near its CPU or wall limit may time
+    out on a slower machine.
+
+    The limits bind the whole run (all the cells replayed), as in `run_tests`; each cell may
+    write at most `limits.output_bytes` chars (then "output_limit"), of which the last cell's
+    first `max_output_chars` are shown, cut with TRUNCATED inside that count. An exception is
+    the cell's output, as in a REPL: earlier cells that raise do not stop the run. Never raises
+    for anything the cells do.
+    """
+    limits = limits or Limits()
+    if not cells:
+        raise ValueError("run_cells needs at least one cell")
+    # The report escapes each char in at most 10 (ascii()), and must pass the output cap.
+    most = limits.output_bytes // 10 - _SCRUB_MARGIN
+    if not 2 * len(TRUNCATED) <= max_output_chars <= most:
+        raise ValueError(f"max_output_chars must be {2 * len(TRUNCATED)}..{most}")
+    start = time.monotonic()
+    named = [("<setup>", setup), *((f"<cell {i + 1}>", c) for i, c in enumerate(cells))]
+    last = len(cells) - 1
+    if sum(len(source) for _, source in named) > limits.max_source_chars:
+        message = f"SandboxError: the cells are longer than {limits.max_source_chars} chars\n"
+        return CellResult(message, "error", last, 0.0, "source too long")
+    keep = max_output_chars + _SCRUB_MARGIN
+    run, workdir = _run_job("cells", (named, keep, limits.output_bytes), limits)
+    reason, cell, raw, written = _cells_outcome(run, len(named))
+    output = _scrub(raw, workdir)
+    if len(output) > max_output_chars or written > keep:
+        output = output[: max_output_chars - len(TRUNCATED)] + TRUNCATED
+    return CellResult(
+        output=output,
+        reason=reason,
+        cell=cell - 1,
+        duration_s=time.monotonic() - start,
+        detail=_scrub(run.stderr[-500:].decode("utf-8", "replace"), workdir).strip(),
     )
