@@ -55,6 +55,13 @@ class LocalNetworkSettings(BaseSettings):
         "addition through its chat template, with vLLM workers and settings sized for it "
         "(about 15 minutes on 2 cores); flags given beside it still win.",
     )
+    env: str | None = Field(
+        None,
+        description="The pool's environment, an installed one by name (reverse, arith, code, "
+        "addition, guess-number, python-tool, rlm, reasoning-gym, verifiers, or a plugin's): "
+        "sets the recipe's env (PRIME_RECIPE_ENV) for every service and the warm start. "
+        "guess-number is a multi-turn game the tiny model learns.",
+    )
     runs_dir: Path = Field(Path("runs"), description="Each run gets runs/<timestamp>/.")
     cache_dir: Path = Field(Path(".cache"), description="Built models, reused across runs.")
     model_seed: int = Field(0, description="Seed of the tiny model and its warm start.")
@@ -120,6 +127,14 @@ class LocalNetworkSettings(BaseSettings):
         description="Keep the network up after training, so others can join it (prints the "
         "`prime-worker join` line), until Ctrl-C.",
     )
+
+    @model_validator(mode="after")
+    def _env_flag(self) -> LocalNetworkSettings:
+        """`env` names the recipe's environment (over PRIME_RECIPE_ENV and any preset)."""
+        if self.env is not None and self.env != self.recipe.env:
+            given = self.recipe.model_dump(include=self.recipe.model_fields_set - {"env_args"})
+            self.recipe = Recipe(**{**given, "env": self.env})
+        return self
 
     @model_validator(mode="before")
     @classmethod

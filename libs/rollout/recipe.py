@@ -31,7 +31,11 @@ class Recipe(BaseSettings):
     group_size: int = Field(8, ge=1, le=64, description="Completions per leased prompt (a group).")
     temperature: float = Field(1.0, gt=0, le=4, description="Sampling temperature of every lease.")
     max_new_tokens: int = Field(
-        8, ge=1, le=4096, description="Generation cap per completion (longest answer + EOS)."
+        8,
+        ge=1,
+        le=4096,
+        description="Generation cap per model turn (longest answer + EOS); a multi-turn "
+        "episode's tokens in all are bounded by the model's context.",
     )
     async_level: int = Field(
         2,

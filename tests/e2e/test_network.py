@@ -1,6 +1,8 @@
 """The whole network, for real: redis-server, anvil, relays, orchestrator, validator, trainer and
-three workers as separate processes, each generating on a vLLM engine, for a few trainer steps.
-(`test_make_up.py` runs the same network with transformers workers.)"""
+three workers as separate processes, each generating on a vLLM engine, for a few trainer steps,
+on the multi-turn game (guess-number: every episode is played turn by turn by the worker and
+replayed by the validator). `test_make_up.py` runs the same network with transformers workers
+on a single-turn task."""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ def finished_network(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
         # to newer versions the tests below check (with 8, one worker can take a whole step).
         lease_batch=2,
         warm_start_steps=60,
+        env="guess-number",
     )
     net = LocalNetwork(settings, prepare_model(settings), run_dir)
     try:

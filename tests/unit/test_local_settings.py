@@ -46,3 +46,18 @@ def test_an_unknown_model_is_one_line_naming_the_flag(capsys: pytest.CaptureFixt
         main(["up", "--model", "gpt5"])
     assert exc.value.code == 2
     assert "--model" in capsys.readouterr().err
+
+
+def test_env_names_the_recipes_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert LocalNetworkSettings(env="guess-number").recipe.env == "guess-number"
+    # Over the variable and over the real model's preset, whose other fields stay.
+    monkeypatch.setenv("PRIME_RECIPE_ENV", "arith")
+    s = LocalNetworkSettings(model="smollm2", env="guess-number")
+    assert s.recipe.env == "guess-number" and s.recipe.max_new_tokens == 24
+
+
+def test_an_unknown_env_is_one_line_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["up", "--env", "no-such-env"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--env" in err[0] and "unknown environment 'no-such-env'" in err[0]
