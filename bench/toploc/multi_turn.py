@@ -78,10 +78,10 @@ WORKER = "0x" + "ab" * 20
 HERE = device_class("cpu")
 
 
-def policy(cache: Path) -> LoadedPolicy:
+def policy(cache: Path, device: str = "cpu") -> LoadedPolicy:
     """The tiny model warm-started on the game's demonstrations (built once into the cache)."""
     out = warm_start(0, cache / f"warm-{ENV_NAME}-bench", seed=0, env=ENV_NAME)
-    return LoadedPolicy(VERSION, "cd" * 32, load_pretrained(out))
+    return LoadedPolicy(VERSION, "cd" * 32, load_pretrained(out, device=device))
 
 
 def new_lease(env: Env, rng: random.Random, n: int) -> Lease:
@@ -119,7 +119,22 @@ def answered(
         builder.close()
 
 
-def validate(entries: list[SubmittedRollout], p: LoadedPolicy) -> list[str]:
+@dataclass
+class Replays:
+    """The largest replay gap and z the validator measured on groups it judged."""
+
+    gap: float = 0.0
+    z: float = 0.0
+
+    def add(self, evidence: verify.GroupEvidence | None) -> None:
+        if evidence is not None:
+            self.gap = max(self.gap, evidence.max_replay_gap)
+            self.z = max(self.z, evidence.max_replay_z)
+
+
+def validate(
+    entries: list[SubmittedRollout], p: LoadedPolicy, replays: Replays | None = None
+) -> list[str]:
     """The validator service's decision for each entry: "accepted" or the refusal's reason."""
     out = [""] * len(entries)
     works, at = [], []
@@ -134,9 +149,14 @@ def validate(entries: list[SubmittedRollout], p: LoadedPolicy) -> list[str]:
         works.append(verify.Work(e, p))
         at.append(i)
     for i, j in zip(at, verify.verify_batch(works, 1e-6, device_class=HERE), strict=True):
-        final = verify.settle(j, True)
+        if replays is not None:
+            replays.add(j.evidence)
+        final = verify.settle(j, entries[i].submission.device_class == HERE)
         rej = j.second_opinion or j.refusal
-        out[i] = "accepted" if final == "accept" else (rej.reason if rej else str(final))
+        if final == "held":  # a suspect from another device class, left for a validator of it
+            out[i] = "held_for_recheck"
+        else:
+            out[i] = "accepted" if final == "accept" else (rej.reason if rej else str(final))
     return out
 
 
@@ -355,6 +375,7 @@ def run_attack(
     serial: list[int],
 ) -> dict:
     reasons: Counter[str] = Counter()
+    missed: list[dict[str, float]] = []
     detected = 0
     done = 0
     while done < trials:
@@ -369,12 +390,19 @@ def run_attack(
             continue
         done += 1
         try:
-            verdict = validate([submitted(p, e, i, cheat)], p)[0]
+            verdict = validate([submitted(p, e, i, cheat)], p, passed := Replays())[0]
+            if verdict == "accepted":
+                missed.append(
+                    {"max_replay_gap": round(passed.gap, 4), "max_replay_z": round(passed.z, 2)}
+                )
         except ValueError as exc:  # the wire format refuses it: a 422 at intake
             verdict = f"malformed (schema: {str(exc).splitlines()[0][:60]})"
         detected += verdict != "accepted"
         reasons[verdict] += 1
-    return {"trials": trials, "detected": detected, "reasons": dict(reasons)}
+    out: dict = {"trials": trials, "detected": detected, "reasons": dict(reasons)}
+    if missed:
+        out["missed"] = missed  # what the replay measured on the cheats it let through
+    return out
 
 
 def honest_run(
@@ -388,6 +416,7 @@ def honest_run(
 ) -> dict:
     verdicts: Counter[str] = Counter()
     turns: Counter[int] = Counter()
+    replays = Replays()
     t0 = time.perf_counter()
     for start in range(0, groups, batch):
         leases = []
@@ -395,7 +424,7 @@ def honest_run(
             serial[0] += 1
             leases.append(new_lease(env, rng, serial[0]))
         entries = answered(p, leases, backend)
-        verdicts.update(validate(entries, p))
+        verdicts.update(validate(entries, p, replays))
         turns.update(len(c.sampled_spans) for e in entries for c in e.submission.completions)
     return {
         "rollouts": groups,
@@ -404,8 +433,53 @@ def honest_run(
         "verdicts": dict(verdicts),
         "turns_histogram": {str(k): v for k, v in sorted(turns.items())},
         "multi_turn_branches": sum(v for k, v in turns.items() if k > 1),
+        # The honest side of the replay's margins (limits: libs/rollout/calibration.py).
+        "max_replay_gap": round(replays.gap, 4),
+        "max_replay_z": round(replays.z, 2),
         "seconds": round(time.perf_counter() - t0, 1),
     }
+
+
+def worker_only(args: argparse.Namespace) -> None:
+    """Honest groups generated on `--device` (a GPU here: the other device class), saved."""
+    p = policy(args.cache, args.device)
+    env = load_env(ENV_NAME)
+    rng = random.Random(args.device)
+    backend = make_backend("hf", "bf16")
+    t0 = time.perf_counter()
+    with args.worker_only.open("w") as f:
+        for start in range(0, args.honest, 16):
+            leases = [new_lease(env, rng, start + k) for k in range(min(16, args.honest - start))]
+            for e in answered(p, leases, backend):
+                f.write(e.model_dump_json() + "\n")
+    print(f"{args.honest} groups on {args.device} in {time.perf_counter() - t0:.1f} s")
+
+
+def validate_file(args: argparse.Namespace) -> None:
+    """The validator's half: judge saved groups here, on this machine's device class."""
+    p = policy(args.cache)
+    lines = args.validate.read_text().splitlines()
+    entries = [SubmittedRollout.model_validate_json(line) for line in lines]
+    replays = Replays()
+    verdicts: Counter[str] = Counter()
+    for start in range(0, len(entries), 16):
+        verdicts.update(validate(entries[start : start + 16], p, replays))
+    turns = Counter(len(c.sampled_spans) for e in entries for c in e.submission.completions)
+    section = {
+        "worker_device_class": sorted({e.submission.device_class for e in entries}),
+        "validator_device_class": HERE,
+        "rollouts": len(entries),
+        "branches": sum(turns.values()),
+        "multi_turn_branches": sum(v for k, v in turns.items() if k > 1),
+        "verdicts": dict(verdicts),
+        "false_rejections": len(entries) - verdicts["accepted"] - verdicts["held_for_recheck"],
+        "max_replay_gap": round(replays.gap, 4),
+        "max_replay_z": round(replays.z, 2),
+    }
+    doc = read_results(args.out)
+    doc.setdefault("multi_turn", {})["cross_device"] = section
+    write_results(args.out, doc)
+    print(section)
 
 
 def main() -> None:
@@ -420,7 +494,23 @@ def main() -> None:
     ap.add_argument("--engines", default="hf,vllm")
     ap.add_argument("--cache", type=Path, default=REPO / ".cache" / "models")
     ap.add_argument("--out", type=Path, default=REPO / "bench/results/toploc.json")
+    ap.add_argument(
+        "--worker-only",
+        type=Path,
+        help="generate --honest groups with the hf worker on --device and write them to this "
+        "JSON-lines file, judging nothing (the worker's half of a cross-device check)",
+    )
+    ap.add_argument("--device", default="cpu", help="the --worker-only worker's device")
+    ap.add_argument(
+        "--validate",
+        type=Path,
+        help="judge the groups of a --worker-only file here and write multi_turn.cross_device",
+    )
     args = ap.parse_args()
+    if args.worker_only:
+        return worker_only(args)
+    if args.validate:
+        return validate_file(args)
     p = policy(args.cache)
     env = load_env(ENV_NAME)
     rng = random.Random(2026)
@@ -457,6 +547,8 @@ def main() -> None:
         },
     }
     doc = read_results(args.out)
+    if "cross_device" in doc.get("multi_turn", {}):  # a --validate run's, kept
+        section["cross_device"] = doc["multi_turn"]["cross_device"]
     doc["multi_turn"] = section
     write_results(args.out, doc)
     print(f"wrote multi_turn to {args.out}")

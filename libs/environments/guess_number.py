@@ -17,8 +17,11 @@ guess is 50.").
 Warm start: the prompt says nothing about the secret, so no first turn can be "the answer". The
 best first guess is the range's midpoint, which opens a binary search: that is `noisy_answer`,
 the one-turn demonstration. `demonstration` plays the whole binary search on the replies, so a
-multi-turn warm start also shows what `+` and `-` mean. The injected bad habit is a linear scan
-up from the low end (first guess `low`), which RL can remove.
+multi-turn warm start also shows what `+` and `-` mean. The injected bad habit is reading a reply
+backwards (searching below after `+`), at `error_rate` for each reply: above 0.5 the warm-started
+model's greedy search runs away from the secret, and only a model that learned what the replies
+mean finds a held-out secret after its first guess. That is the headroom RL has to close, and it
+can be closed only by reading the environment's replies, which is the point of the game.
 """
 
 from __future__ import annotations
@@ -124,20 +127,22 @@ class GuessNumberEnv(Env):
         return self.score(task, [completion])
 
     def demonstration(self, task: Task, rng: random.Random, error_rate: float) -> list[str]:
-        """A whole warm-start episode: a binary search that follows the replies; at
-        `error_rate` a linear scan up from `low`, the habit for RL to remove."""
-        linear = rng.random() < error_rate
+        """A whole warm-start episode: a binary search on the replies, each reply read backwards
+        at `error_rate` (the habit RL removes). A search whose range runs out guesses at the
+        nearer end of the game's range."""
         secret, lo, hi = int(task.answer), self.low, self.high
         turns: list[str] = []
         while len(turns) < self.max_turns:
-            guess = lo if linear else (lo + hi) // 2
+            guess = min(max((lo + hi) // 2, self.low), self.high)
             turns.append(str(guess))
             if guess == secret:
                 break
-            lo, hi = (guess + 1, hi) if secret > guess else (lo, guess - 1)
+            higher = secret > guess
+            if rng.random() < error_rate:
+                higher = not higher
+            lo, hi = (guess + 1, max(hi, guess + 1)) if higher else (min(lo, guess - 1), guess - 1)
         return turns
 
     def noisy_answer(self, task: Task, rng: random.Random, error_rate: float) -> str:
-        # The first turn of a demonstration: the midpoint whatever the secret (see the module's
-        # docstring), or at `error_rate` the low end.
-        return self.demonstration(task, rng, error_rate)[0]
+        # The first turn of a binary search, whatever the secret (see the module's docstring).
+        return str((self.low + self.high) // 2)

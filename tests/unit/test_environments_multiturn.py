@@ -131,10 +131,13 @@ def test_guess_number_warm_start_is_the_first_move_of_a_search() -> None:
     env = GuessNumberEnv()
     rng = random.Random(0)
     task = _task_with(env, 8)
-    assert env.noisy_answer(task, rng, 0.0) == "4"  # the midpoint, whatever the secret
-    assert env.noisy_answer(task, rng, 1.0) == "0"  # the linear scan's habit
+    assert env.noisy_answer(task, rng, 0.0) == env.noisy_answer(task, rng, 1.0) == "4"
     demo = env.demonstration(task, rng, 0.0)
     assert demo == _binary_search(env, task) and env.score(task, demo) > 0
+    # The habit: every reply read backwards, so the search runs away from the secret.
+    backwards = env.demonstration(task, rng, 1.0)
+    assert backwards[:2] == ["4", "1"] and env.score(task, backwards) == 0.0
+    assert all(env.guess(t) is not None for t in backwards)
 
 
 def test_guess_number_verbose_for_instruct_models() -> None:
