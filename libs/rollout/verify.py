@@ -274,7 +274,13 @@ def measure_group(
                 max_replay_gap=float(gaps[mine].max()),
                 max_replay_z=float(zs[mine].max()),
                 first_bad_position=int(bad_at[0, 0]) if len(bad_at) else None,
-                reward=score(env.score(task, turns), n, lease.target_tokens, length),
+                # The length part counts what the model wrote, not the environment's replies.
+                reward=score(
+                    env.score(task, turns),
+                    sum(end - start for start, end in c.sampled_spans),
+                    lease.target_tokens,
+                    length,
+                ),
                 logprobs=logprobs[mine].tolist(),
                 episode=episode,
             )
