@@ -30,10 +30,10 @@ import random
 import re
 from collections.abc import Sequence
 
-from prime_swarm.libs.environments.base import Env, Split, Task, hash_int
+from prime_swarm.libs.environments.base import Env, Task, hash_int
 
 INTEGER = re.compile(r"-?\d+")
-MAX_SPAN = 10_000  # every secret is ranked at construction (to split them), so the range is bounded
+MAX_SPAN = 10_000
 
 
 class GuessNumberEnv(Env):
@@ -44,27 +44,19 @@ class GuessNumberEnv(Env):
         high: int = 9,
         max_turns: int = 4,
         verbose: bool = False,
-        heldout_percent: int = 20,
     ) -> None:
-        """Secrets are uniform in `low..high` (inclusive). `heldout_percent` of the secrets (at
-        least one) are held out: a held-out task's secret is never the answer of a train task,
-        so the held-out score is that of a search, not of a remembered number."""
+        """Secrets are uniform in `low..high` (inclusive) in both splits. A held-out task is an
+        episode never trained on, over the same secrets: the prompt says nothing about the
+        secret, so there is nothing to remember, only a search to learn. (Held-out *secrets*
+        would measure a distribution shift instead: a policy trained where 1 and 6 never pay
+        learns never to guess them, and scores 0 on them however well it searches.)"""
         if not 0 <= low < high or high - low + 1 > MAX_SPAN:
             raise ValueError(f"need 0 <= low < high and at most {MAX_SPAN} secrets")
         if max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
-        if not 1 <= heldout_percent <= 50:
-            raise ValueError(f"heldout_percent must be 1..50, got {heldout_percent}")
         self.name, self.low, self.high = name, low, high
         self.max_turns = max_turns
         self.verbose = verbose
-        # Split by secret, ranked by hash: both splits get at least one even in a range of two.
-        ranked = sorted(range(low, high + 1), key=lambda s: hash_int(name, "split", s))
-        n_held = max(1, (high - low + 1) * heldout_percent // 100)
-        self.secrets: dict[Split, list[int]] = {
-            "heldout": sorted(ranked[:n_held]),
-            "train": sorted(ranked[n_held:]),
-        }
         if verbose:
             self.prompt = (
                 f"I am thinking of an integer from {low} to {high}. Guess it in at most "
@@ -78,13 +70,9 @@ class GuessNumberEnv(Env):
             self.higher, self.lower = "+", "-"
             self.max_answer_chars = len(str(high))
 
-    def split_of(self, secret: int) -> Split:
-        return "heldout" if secret in self.secrets["heldout"] else "train"
-
     def task_from_id(self, task_id: str) -> Task:
         split, index = self.parse_task_id(task_id)
-        pool = self.secrets[split]
-        secret = pool[hash_int(self.name, split, index) % len(pool)]
+        secret = self.low + hash_int(self.name, split, index) % (self.high - self.low + 1)
         return Task(task_id=task_id, prompt=self.prompt, answer=str(secret))
 
     def guess(self, turn: str) -> int | None:

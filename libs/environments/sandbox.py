@@ -656,16 +656,22 @@ def _same(actual: Any, expected: Any) -> bool:
     return bool(actual == expected)
 
 
-def _report(stdout: bytes, n: int) -> list[tuple[str, Any]] | None:
-    """The child's outcomes, or None when the report is missing or malformed."""
+def _report_value(stdout: bytes) -> Any:
+    """The literal on the child's last report line, or None when there is none or it does not
+    parse (the child's stdout is the untrusted code's too)."""
     start = stdout.rfind(b"\n" + RESULT_MARKER.encode())
     if start < 0:
         return None
     line = stdout[start + 1 + len(RESULT_MARKER) :].split(b"\n", 1)[0]
     try:
-        outcomes = ast.literal_eval(line.decode("ascii"))
+        return ast.literal_eval(line.decode("ascii"))
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, UnicodeDecodeError):
         return None
+
+
+def _report(stdout: bytes, n: int) -> list[tuple[str, Any]] | None:
+    """The child's outcomes, or None when the report is missing or malformed."""
+    outcomes = _report_value(stdout)
     if (
         type(outcomes) is not list
         or len(outcomes) != n
@@ -790,14 +796,7 @@ def _stopped_message(reason: Reason, stderr: bytes) -> str:
 def _cells_report(stdout: bytes) -> tuple[Reason, str, int] | None:
     """The cells harness's (status, last cell's output, chars it wrote), or None when the report
     is missing or malformed."""
-    start = stdout.rfind(b"\n" + RESULT_MARKER.encode())
-    if start < 0:
-        return None
-    line = stdout[start + 1 + len(RESULT_MARKER) :].split(b"\n", 1)[0]
-    try:
-        report = ast.literal_eval(line.decode("ascii"))
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, UnicodeDecodeError):
-        return None
+    report = _report_value(stdout)
     if type(report) is not tuple or len(report) != 3:
         return None
     status, text, written = report

@@ -7,6 +7,7 @@ import pytest
 
 from prime_swarm.deploy.local.cli import main
 from prime_swarm.deploy.local.settings import (
+    ENV_PRESETS,
     REAL_MODEL_PRESET,
     ChaosSettings,
     LocalNetworkSettings,
@@ -49,7 +50,9 @@ def test_an_unknown_model_is_one_line_naming_the_flag(capsys: pytest.CaptureFixt
 
 
 def test_env_names_the_recipes_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert LocalNetworkSettings(env="guess-number").recipe.env == "guess-number"
+    s = LocalNetworkSettings(env="guess-number")
+    assert s.recipe.env == "guess-number" and s.steps == ENV_PRESETS["guess-number"]["steps"]
+    assert LocalNetworkSettings(env="guess-number", steps=5).steps == 5  # a flag wins
     # Over the variable and over the real model's preset, whose other fields stay.
     monkeypatch.setenv("PRIME_RECIPE_ENV", "arith")
     s = LocalNetworkSettings(model="smollm2", env="guess-number")
