@@ -1,6 +1,7 @@
-"""A worker's answer to a lease: seeded generation through the injected backend, then the one
-proof prefill of the chosen tokens (libs/rollout/recompute.prefill_hidden) and the TOPLOC proofs
-over it, built off the critical path in a background thread, and the submission."""
+"""A worker's answer to a lease: its episodes played through the injected backend (one turn or
+many, libs/rollout/episode.py), then the one proof prefill of each branch
+(libs/rollout/recompute.prefill_hidden) and the TOPLOC proofs over it, built off the critical
+path in a background thread, and the submission."""
 
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ class PendingSubmission:
             CompletionSample(
                 token_ids=c.token_ids,
                 sampled_spans=c.spans,
-                finish_reason=c.finish_reason,  # type: ignore[arg-type]
+                finish_reason=c.finish_reason,
                 proof=proof,
                 claimed_reward=reward,
                 logprobs=c.logprobs,

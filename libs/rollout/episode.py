@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedTokenizerBase
 
 from prime_swarm.libs.environments.base import Env, Task
-from prime_swarm.libs.model.backend import Generation, GenerationBackend, SampleRow
+from prime_swarm.libs.model.backend import FinishReason, Generation, GenerationBackend, SampleRow
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.tokenizer import decode, prompt_ids
 from prime_swarm.protocol.messages import CompletionSample
@@ -116,7 +116,8 @@ class Branch:
     spans: list[list[int]] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     """The engine's log-prob of each sampled token; 0 at the environment's tokens."""
-    finish_reason: str = "length"
+    finish_reason: FinishReason = "length"
+    """How the last turn ended."""
 
     def row(self) -> SampleRow:
         return SampleRow(self.prompt + self.token_ids, self.seed, self.sample, len(self.token_ids))
