@@ -118,6 +118,7 @@ $(TOPLOC_REF)/.installed:
 bench-toploc: setup $(TOPLOC_REF)/.installed
 	$(PY) bench/toploc_bench.py
 	$(PY) bench/toploc/models_bench.py
+	$(PY) bench/toploc/multi_turn.py
 	@# vLLM provers and cheaters in processes of their own (vLLM patches torch's thread count
 	@# away), one per model: its engine reloads weights in place only within one architecture.
 	for m in tiny depth2 depth8 depth30 smollm2; do \
