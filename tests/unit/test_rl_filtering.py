@@ -127,15 +127,13 @@ class _ScriptedBackend:
     def __init__(self, lm: CausalLM, right: int) -> None:
         self.lm, self.right = lm, right
 
-    def generate(self, lm, prompts, seeds, *, group_size, max_new_tokens, temperature):
+    def generate_rows(self, lm, rows, *, max_new_tokens, temperature):
         out = []
-        for p in prompts:
-            digits = self.lm.tokenizer.decode(p, skip_special_tokens=True)[4:-1]
+        for row in rows:
+            digits = self.lm.tokenizer.decode(row.context, skip_special_tokens=True)[4:-1]
             good = self.lm.tokenizer.encode(digits[::-1], add_special_tokens=False)
             bad = self.lm.tokenizer.encode("x", add_special_tokens=False)
-            out.append(
-                [Generation(good if j < self.right else bad, "eos", []) for j in range(group_size)]
-            )
+            out.append(Generation(good if row.sample < self.right else bad, "eos", []))
         return out
 
 
