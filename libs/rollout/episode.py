@@ -201,7 +201,13 @@ def replay_turns(
                 f"max_new_tokens={limits.max_new_tokens}",
             )
         turns.append(turn)
-        expected = next_context(env, task, tok, eos_ids, turns, end, limits)
+        try:
+            expected = next_context(env, task, tok, eos_ids, turns, end, limits)
+        except Exception as exc:  # plugin code on claimed turns: never crash the batch
+            # The worker ran the same code on the same turns: an honest episode got through it.
+            raise Refusal(
+                "context_mismatch", f"the environment fails on turn {k}: {type(exc).__name__}"
+            ) from exc
         last = k == len(spans) - 1
         if last and expected is not None:
             raise Refusal("bad_termination", f"the episode was cut short after turn {k}")

@@ -211,3 +211,18 @@ def test_chat_template_replies_close_and_reopen_turns() -> None:
     assert after_eos == "\n<|bos|>user\nhi<|eos|>\n<|bos|>assistant\n"
     after_cap = tok.decode(reply_ids(tok, "hi", None))
     assert after_cap == "<|eos|>\n<|bos|>user\nhi<|eos|>\n<|bos|>assistant\n"
+
+
+def test_an_environment_that_raises_on_claimed_turns_is_a_refusal_not_a_crash(lm: CausalLM) -> None:
+    class Picky(EchoCount):
+        def reply(self, task: Task, turns: Sequence[str]) -> str | None:
+            if turns[-1] == "bad":
+                raise KeyError("no such move")
+            return super().reply(task, turns)
+
+    b = played(lm, Picky())[0]
+    claimed = [*lm.tokenizer.encode("bad", add_special_tokens=False), min(lm.eos_ids)]
+    with pytest.raises(Refusal) as err:
+        replayed(lm, Picky(), b, token_ids=claimed, sampled_spans=[], finish_reason="eos")
+    assert err.value.reason == "context_mismatch"
+    assert "fails on turn 0: KeyError" in err.value.detail
