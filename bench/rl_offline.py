@@ -40,9 +40,10 @@ from prime_swarm.libs.rl.loss import LossConfig
 from prime_swarm.libs.rl.sft import warm_start
 from prime_swarm.libs.rl.step import train_step
 from prime_swarm.libs.rollout.calibration import acceptance_for
+from prime_swarm.libs.rollout.episode import termination_ok
 from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.libs.rollout.recompute import prefill_hidden
-from prime_swarm.libs.rollout.verify import replay_gaps, termination_ok
+from prime_swarm.libs.rollout.verify import replay_gaps
 
 RECIPE = Recipe()
 BACKEND = HFBackend("bf16")
