@@ -35,7 +35,12 @@ from prime_swarm.libs.toploc import (
     pooled_mant_err_mean,
     verify_proofs_batch,
 )
-from prime_swarm.protocol.messages import SubmittedRollout, VerifiedCompletion, sampled_mask
+from prime_swarm.protocol.messages import (
+    RolloutSubmission,
+    SubmittedRollout,
+    VerifiedCompletion,
+    sampled_mask,
+)
 
 from .admission import Refusal
 from .calibration import Acceptance, acceptance_for
@@ -114,6 +119,16 @@ def hidden_noise(recs: Sequence[Recomputed]) -> torch.Tensor:
     about the worker's."""
     per = torch.cat([(r.declared.float() - r.reference).norm(dim=-1) for r in recs])
     return per.clamp_min(float(per.pow(2).mean().sqrt()))
+
+
+def sampled_positions(sub: RolloutSubmission) -> torch.Tensor:
+    """[N] over the group's completion positions in order: True where the model sampled the
+    token. Only those are replayed against the seeded noise; the rest are the environment's
+    (tool output, replies, chat-template tokens), checked exactly by `replay_turns`."""
+    return torch.tensor(
+        [m for c in sub.completions for m in sampled_mask(c.sampled_spans, len(c.token_ids))],
+        dtype=torch.bool,
+    )
 
 
 # --------------------------------------------------------------------------- cheap checks
@@ -244,9 +259,7 @@ def measure_group(
     # The noise of completion position k is keyed (seed, sample, k) whether the model or the
     # environment wrote the tokens before it; only the model's positions are judged.
     rows = [(lease.seed, i, k) for i, n in enumerate(lengths) for k in range(n)]
-    sampled = torch.tensor(
-        [m for c in sub.completions for m in sampled_mask(c.sampled_spans, len(c.token_ids))]
-    )
+    sampled = sampled_positions(sub)
     played = replay(logits, tokens, temperature, rows)
     zs = replay_z(
         lm, played, tokens, hidden_noise(recs), temperature, acceptance.replay_noise_floor
@@ -466,8 +479,13 @@ def second_opinion(
         hidden_noise(recs),
         temperature,
         acceptance.replay_noise_floor,
-    )
-    for i, part in enumerate(zip(played.gaps.split(lengths), zs.split(lengths), strict=True)):
+    ).cpu()
+    # Judged where the model sampled, as in the first opinion: an environment's reply trails
+    # the seeded choice by whatever it likes, and is checked exactly elsewhere.
+    sampled = sampled_positions(sub)
+    gaps = played.gaps.cpu().where(sampled, torch.zeros(()))
+    zs = zs.where(sampled, torch.zeros(()))
+    for i, part in enumerate(zip(gaps.split(lengths), zs.split(lengths), strict=True)):
         gap, z = float(part[0].max()), float(part[1].max())
         if not (gap <= limits.max_replay_gap and z <= limits.max_replay_z):
             return Refusal(

@@ -4,10 +4,10 @@ tokens between turns, or with where the episode ends, is refused with its reason
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 import pytest
+from echo_env import TURNS, EchoCount
 
 from prime_swarm.libs.environments.base import Env, Task
 from prime_swarm.libs.model.build import init_tiny_model
@@ -18,31 +18,7 @@ from prime_swarm.libs.rollout.admission import Refusal
 from prime_swarm.libs.rollout.episode import Branch, Limits, play, replay_turns, reply_ids
 from prime_swarm.protocol.messages import CompletionSample
 
-MAX_NEW, TURNS, GROUP = 4, 3, 4
-
-
-class EchoCount(Env):
-    """Replies with the turn count and the length of the model's last turn, for TURNS turns: a
-    deterministic multi-turn environment whose replies depend on what the model said."""
-
-    name = "echo-count"
-    max_answer_chars = 8
-    max_turns = TURNS
-
-    def task_from_id(self, task_id: str) -> Task:
-        return Task(task_id=task_id, prompt="count:", answer="")
-
-    def reward(self, task: Task, completion: str) -> float:
-        return 0.0
-
-    def reply(self, task: Task, turns: Sequence[str]) -> str | None:
-        return f"<{len(turns)}:{len(turns[-1])}>"
-
-    def score(self, task: Task, turns: Sequence[str]) -> float:
-        return len(turns) / TURNS
-
-    def noisy_answer(self, task: Task, rng: random.Random, error_rate: float) -> str:
-        return ""
+MAX_NEW, GROUP = 4, 4
 
 
 class Flaky(EchoCount):

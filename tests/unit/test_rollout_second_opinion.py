@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 
 import pytest
+from echo_env import EchoCount, registered
 from pydantic import ValidationError
 
 from prime_swarm.libs.environments import load_env
@@ -92,6 +94,31 @@ def honest(policy: LoadedPolicy) -> SubmittedRollout:
     return SubmittedRollout(submission_id="s7", lease=lease, submission=sub)
 
 
+@pytest.fixture(scope="module")
+def multi_turn(policy: LoadedPolicy) -> Iterator[SubmittedRollout]:
+    """An honest group of multi-turn episodes: the environment's replies sit between the
+    model's turns in every branch (loadable by name while the module's tests run)."""
+    with registered(EchoCount()) as env:
+        task = env.task_from_id("echo-count/train/0")
+        lease = Lease(
+            lease_id="lease-mt",
+            worker="0x" + "ab" * 20,
+            pool_id=1,
+            work_id=1,
+            env=env.name,
+            task_id=task.task_id,
+            prompt=task.prompt,
+            group_size=4,
+            sampling=SamplingParams(temperature=1.0, max_new_tokens=4),
+            seed=5,
+            min_policy_version=1,
+            expires_at=time.time() + 3600,
+        )
+        sub = answer_lease(policy, lease, HFBackend("bf16"))
+        assert all(len(c.sampled_spans) > 1 for c in sub.completions)
+        yield SubmittedRollout(submission_id="s-mt", lease=lease, submission=sub)
+
+
 @pytest.fixture
 def suspicious(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bands so narrow that any honest noise at all makes a suspect (the second opinion's own
@@ -131,6 +158,19 @@ def test_an_honest_suspect_is_cleared_by_the_second_opinion(
     # Cleared: accepted with every completion, and no reward lost for having been held.
     assert settle(j, same_device_class=True) == "accept"
     assert len(j.completions) == 4
+
+
+def test_an_honest_multi_turn_suspect_is_cleared_by_the_second_opinion(
+    multi_turn: SubmittedRollout, policy: LoadedPolicy, suspicious: None
+) -> None:
+    """The recheck replays the model's turns only: the environment's replies between them were
+    never sampled (they trail the seeded choice by whole logits) and are checked exactly by the
+    episode replay. Judging them too failed every honest multi-turn suspect, and slashed it on
+    the worker's own device class."""
+    (j,) = verify_batch([Work(multi_turn, policy)], device_class=HERE)
+    assert j.outcome == "suspect" and j.rechecked
+    assert j.second_opinion is None, j.second_opinion
+    assert settle(j, same_device_class=True) == "accept"
 
 
 def test_a_cheating_suspect_is_slashed_only_by_its_own_device_class(
