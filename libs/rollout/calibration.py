@@ -2,7 +2,9 @@
 
 Every statistic is measured against the validator's fp32 reference (libs/rollout/recompute.py),
 so the limits do not depend on the validator's engine or device, and they are one set for every
-prover engine, precision and device: a worker that lies about any of them gains no looser limit.
+precision and device: a worker that lies about them gains no looser limit. The one difference by
+prover engine is the sampling replay of vLLM work, whose kernels the validator does not run
+(`acceptance_for`): a worker declaring vLLM gains that, and only that.
 
 Three outcomes per statistic (a `Band`): at most `accept_at_most` is honest; from `reject_from`
 on it is a cheat, rejected and slashed; in between the group is a suspect, neither trained on
@@ -91,6 +93,13 @@ class Acceptance(BaseModel):
         "position (verify.replay_z): a near-tie that rounding can flip scores a few, a token "
         "the seeded noise did not choose tens and more."
     )
+    replay_z_own_class: Band | None = Field(
+        None,
+        description="The replay band where the worker declared the validator's device class "
+        "and this engine's numerics are the validator's own (hf): there honest noise is only "
+        "the validator's own rounding, so near-tie cheats that the cross-class band must let "
+        "through stand out. None: the same as `replay_z` (an engine with kernels of its own).",
+    )
     max_replay_gap: float = Field(
         gt=0,
         description="Tempered-logit units: a submitted token that trails the seeded choice "
@@ -131,6 +140,12 @@ ACCEPTANCE = Acceptance(
     # 0.37 apart while honest noise reached 0.48 elsewhere (the former band, accept up to 1.0,
     # let 2 of 10 through). Between the bands a group is a suspect for the second opinion.
     replay_z=Band(accept_at_most=20.0, reject_from=80.0),
+    # The validator's own path (transformers, its device class): honest multi-turn hf groups
+    # judged on their own class reached z 1.75 in 500 groups (bench/toploc/multi_turn.py,
+    # 2026-11-26) and 0.0 in 240 more; single-turn on the tiny model 5.0 (models_bench). One
+    # turn sampled with another seed that differed only at a near-tie reached only 8.3 (1 in 110
+    # trials; the rest 122 and more): inside the cross-class band, outside this one.
+    replay_z_own_class=Band(accept_at_most=6.0, reject_from=80.0),
     # Honest worst absolute gap 0.48 (tiny), 0.45 (SmolLM2, emulated GPU); a tampered token
     # trails by 4.3 and more, sampling with another seed by up to 11: from 6 it is rejected
     # whatever the noise estimate says.
@@ -139,12 +154,29 @@ ACCEPTANCE = Acceptance(
     # Honest work on the validator's own class agrees bit for bit (same-class error 0.0 in every
     # honest group; the proof prefill forwards each sequence alone). int8 sits at 0.73-1.42 ulp
     # (tiny, depth 2), a 0.3 %-RMS neighbour at 0.67 and more: 0.3 leaves room both ways.
-    recheck=Recheck(max_group_mant_err=0.3, max_replay_gap=0.5, max_replay_z=20.0),
+    # The replay against the worker's own path (a bf16 KV-cached decode) is 0.0 on every honest
+    # hf group measured (240 multi-turn groups); the near-tie cheat above keeps its 8.3 there.
+    recheck=Recheck(max_group_mant_err=0.3, max_replay_gap=0.5, max_replay_z=6.0),
 )
+
+# vLLM's CPU kernels round otherwise than the validator's transformers path even on the same
+# device class, and the second opinion's decode is transformers': honest vLLM flips reached z
+# 24.8 in 500 multi-turn groups (p99 9.7; bench/toploc/multi_turn.py, 2026-11-26), and the
+# decode's z tracks the first opinion's (3.9 -> 5.3, 2.7 -> 2.7). Its own-class band is the
+# cross-class one and its recheck allows twice the worst honest flip; every proof limit is
+# shared. Found there: a near-tie cheat (z 8.3) declared as vLLM work would pass. Seed-ignoring
+# cheats score 122 and more on the first opinion, which stays a slash from 80 on.
+VLLM_RECHECK_REPLAY_Z = 50.0
 
 ENGINES = ("hf", "vllm")
 
 
 def acceptance_for(backend: str) -> Acceptance | None:
-    """The limits for work from prover engine `backend`, or None for an engine never measured."""
-    return ACCEPTANCE if backend in ENGINES else None
+    """The limits for work from prover engine `backend`, or None for an engine never measured.
+    Read from `ACCEPTANCE` at each call (tests narrow or widen it)."""
+    if backend not in ENGINES:
+        return None
+    if backend != "vllm":
+        return ACCEPTANCE
+    recheck = ACCEPTANCE.recheck.model_copy(update={"max_replay_z": VLLM_RECHECK_REPLAY_Z})
+    return ACCEPTANCE.model_copy(update={"replay_z_own_class": None, "recheck": recheck})

@@ -399,14 +399,15 @@ def judge_group(
     worst = max(evidence.completions, key=lambda ev: (ev.max_replay_z, ev.max_replay_gap))
     at = evidence.completions.index(worst)
     gap, z = evidence.max_replay_gap, evidence.max_replay_z
-    sampling = acceptance.replay_z.outcome(z)
-    if sampling == "reject" and evidence.same_class_err is None:
+    own_class = evidence.same_class_err is not None
+    band = (acceptance.replay_z_own_class if own_class else None) or acceptance.replay_z
+    sampling = band.outcome(z)
+    if sampling == "reject" and not own_class:
         # The noise scale is the validator's own rounding; another class's decode may round
         # otherwise (the emulated GPU reached 15 where this CPU reached 6): a suspect, as above.
         sampling = "suspect"
     if gap >= acceptance.max_replay_gap:
         sampling = "reject"
-    band = acceptance.replay_z
     sampling_why = Refusal(
         "sampling_mismatch",
         f"completion {at}: its tokens trail the seeded choice by up to "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from echo_env import EchoCount, registered
@@ -24,7 +25,7 @@ from prime_swarm.libs.rollout.admission import Refusal
 from prime_swarm.libs.rollout.answer import answer_lease
 from prime_swarm.libs.rollout.calibration import Band
 from prime_swarm.libs.rollout.recompute import prefill_hidden, recompute
-from prime_swarm.libs.rollout.verify import Judgement, Work, settle, verify_batch
+from prime_swarm.libs.rollout.verify import Judgement, Work, judge_group, settle, verify_batch
 from prime_swarm.libs.toploc import build_proof, group_contexts
 from prime_swarm.protocol.messages import Lease, SamplingParams, SubmittedRollout
 
@@ -127,6 +128,7 @@ def suspicious(monkeypatch: pytest.MonkeyPatch) -> None:
         update={
             "weight_ratio": Band(accept_at_most=0.0, reject_from=50.0),
             "replay_z": Band(accept_at_most=0.0, reject_from=1e9),
+            "replay_z_own_class": Band(accept_at_most=0.0, reject_from=1e9),
             "max_replay_gap": 1e9,
         }
     )
@@ -285,3 +287,31 @@ def test_a_proof_over_only_the_mantissa_limits_is_a_suspect_not_a_slash(
     (bad,) = verify_batch([Work(forged, policy)], device_class=HERE)
     assert bad.outcome == "reject" and bad.refusal is not None
     assert bad.refusal.reason == "bad_proof" and "exponent" in bad.refusal.detail
+
+
+def test_a_near_tie_is_judged_by_the_band_of_who_could_have_rounded_it(
+    honest: SubmittedRollout, policy: LoadedPolicy
+) -> None:
+    """z 8.3 (a turn sampled with another seed that differed only at a near-tie, measured by
+    bench/toploc/multi_turn.py): a suspect on the validator's own class and engine, where honest
+    flips stay under 6, but within the honest spread of another class or of vLLM's kernels."""
+    (ok,) = verify_batch([Work(honest, policy)], device_class=HERE)
+    assert ok.evidence is not None and ok.evidence.same_class_err is not None
+    ev = ok.evidence
+    ev.completions[0] = replace(ev.completions[0], max_replay_z=8.3, max_replay_gap=0.03)
+    hf, vllm = calibration.acceptance_for("hf"), calibration.acceptance_for("vllm")
+    assert hf is not None and vllm is not None
+    assert judge_group(Work(honest, policy), ev, hf, 1e-6).outcome == "suspect"
+    assert judge_group(Work(honest, policy), ev, vllm, 1e-6).outcome == "accept"
+    other_class = replace(ev, same_class_err=None)
+    assert judge_group(Work(honest, policy), other_class, hf, 1e-6).outcome == "accept"
+
+
+def test_vllm_work_differs_only_in_the_sampling_replay() -> None:
+    """Declaring vLLM buys the replay's spread of vLLM's kernels and nothing else."""
+    hf, vllm = calibration.acceptance_for("hf"), calibration.acceptance_for("vllm")
+    assert hf is not None and vllm is not None
+    a, b = hf.model_dump(), vllm.model_dump()
+    assert {k for k in a if a[k] != b[k]} == {"replay_z_own_class", "recheck"}
+    assert {k for k in a["recheck"] if a["recheck"][k] != b["recheck"][k]} == {"max_replay_z"}
+    assert b["replay_z_own_class"] is None
