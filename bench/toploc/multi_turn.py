@@ -1,7 +1,7 @@
 """Multi-turn rollouts through the validator: honest episodes from the hf and vllm workers, and
 every way of cheating a branch, each cheat on a fresh lease.
 
-    .venv/bin/python bench/toploc/multi_turn.py [--honest 1000] [--trials 50] [--engines hf,vllm]
+    .venv/bin/python bench/toploc/multi_turn.py [--honest 2000] [--trials 100] [--engines hf,vllm]
 
 writes the `multi_turn` section of bench/results/toploc.json:
 
@@ -125,11 +125,14 @@ class Replays:
 
     gap: float = 0.0
     z: float = 0.0
+    rechecked: int = 0
+    """Groups that were suspects and went to the second opinion (whatever it said)."""
 
-    def add(self, evidence: verify.GroupEvidence | None) -> None:
-        if evidence is not None:
-            self.gap = max(self.gap, evidence.max_replay_gap)
-            self.z = max(self.z, evidence.max_replay_z)
+    def add(self, judgement: verify.Judgement) -> None:
+        self.rechecked += judgement.rechecked
+        if judgement.evidence is not None:
+            self.gap = max(self.gap, judgement.evidence.max_replay_gap)
+            self.z = max(self.z, judgement.evidence.max_replay_z)
 
 
 def validate(
@@ -150,7 +153,7 @@ def validate(
         at.append(i)
     for i, j in zip(at, verify.verify_batch(works, 1e-6, device_class=HERE), strict=True):
         if replays is not None:
-            replays.add(j.evidence)
+            replays.add(j)
         final = verify.settle(j, entries[i].submission.device_class == HERE)
         rej = j.second_opinion or j.refusal
         if final == "held":  # a suspect from another device class, left for a validator of it
@@ -436,6 +439,7 @@ def honest_run(
         # The honest side of the replay's margins (limits: libs/rollout/calibration.py).
         "max_replay_gap": round(replays.gap, 4),
         "max_replay_z": round(replays.z, 2),
+        "rechecked": replays.rechecked,
         "seconds": round(time.perf_counter() - t0, 1),
     }
 
@@ -475,6 +479,7 @@ def validate_file(args: argparse.Namespace) -> None:
         "false_rejections": len(entries) - verdicts["accepted"] - verdicts["held_for_recheck"],
         "max_replay_gap": round(replays.gap, 4),
         "max_replay_z": round(replays.z, 2),
+        "rechecked": replays.rechecked,
     }
     doc = read_results(args.out)
     doc.setdefault("multi_turn", {})["cross_device"] = section
@@ -487,10 +492,10 @@ def main() -> None:
     ap.add_argument(
         "--honest",
         type=int,
-        default=1000,
+        default=2000,
         help="honest groups (rollouts) in all, split over the engines",
     )
-    ap.add_argument("--trials", type=int, default=50, help="cheated rollouts per attack")
+    ap.add_argument("--trials", type=int, default=100, help="cheated rollouts per attack")
     ap.add_argument("--engines", default="hf,vllm")
     ap.add_argument("--cache", type=Path, default=REPO / ".cache" / "models")
     ap.add_argument("--out", type=Path, default=REPO / "bench/results/toploc.json")
