@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from prime_swarm.deploy import compose_secrets
 from prime_swarm.libs.cli import add_settings, fail, new_parser
+from prime_swarm.libs.cli.lifecycle import interrupt_on_stop_signals
 from prime_swarm.libs.environments.registry import args_key
 from prime_swarm.libs.localnet.process import ProcessFailed
 from prime_swarm.libs.rl.filtering import DEFAULT_BAND
@@ -340,6 +342,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "filter-tasks":
         filter_tasks(args, functools.partial(fail, filter_cmd.prog))
         return
+    # SIGTERM and SIGHUP stop a run as Ctrl-C does: through `finally`, every process stopped.
+    interrupt_on_stop_signals()
     try:
         if args.command == "chaos":
             from . import chaos
@@ -350,9 +354,11 @@ def main(argv: list[str] | None = None) -> None:
     except (ProcessFailed, TimeoutError) as exc:
         print(f"prime-swarm: the run failed: {exc}", file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:
-        print("prime-swarm: interrupted; every process was stopped", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as exc:
+        # lifecycle's handler names the signal; Ctrl-C's own KeyboardInterrupt names nothing.
+        sig = signal.Signals.__members__.get(str(exc.args[0]) if exc.args else "", signal.SIGINT)
+        print(f"prime-swarm: stopped by {sig.name}; every process was stopped", file=sys.stderr)
+        sys.exit(128 + sig)
 
 
 if __name__ == "__main__":

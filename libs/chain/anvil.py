@@ -6,14 +6,11 @@ rather than hard-coding them. These keys are public: never use them on a real ch
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -26,6 +23,7 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
 import prime_swarm
+from prime_swarm.libs.cli.lifecycle import die_with_parent
 
 from .errors import ChainError
 
@@ -37,7 +35,6 @@ REPO_ANVIL = (
     Path(prime_swarm.__file__).resolve().parent
     / ".tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil"
 )
-_PR_SET_PDEATHSIG = 1
 
 
 class AnvilError(ChainError):
@@ -114,16 +111,6 @@ def set_balance(rpc_url: str, address: str, wei: int, timeout: float = 10.0) -> 
         raise ChainError(f"anvil_setBalance on {rpc_url}: {reply['error']}")
 
 
-def _die_with_parent() -> None:
-    # Runs in the child before exec: a crashed test run must not leave anvil behind. Linux
-    # delivers the signal when the forking *thread* exits, so start anvil from a long-lived one.
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
-
-
 class Anvil:
     """An anvil process on 127.0.0.1; use as a context manager or call start()/stop()."""
 
@@ -194,7 +181,9 @@ class Anvil:
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            # A crashed test run must not leave anvil behind (start it from a long-lived
+            # thread: Linux signals when the starting *thread* exits).
+            preexec_fn=die_with_parent(),
         )
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:

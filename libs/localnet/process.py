@@ -11,6 +11,8 @@ from pathlib import Path
 
 import httpx
 
+from prime_swarm.libs.cli.lifecycle import die_with_parent
+
 
 class ProcessFailed(RuntimeError):
     pass
@@ -30,7 +32,8 @@ class ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop())
         full_env = {**os.environ, **(env or {})}
-        # Each process gets its own session so a stop reaches its children too.
+        # Each process gets its own session so a stop reaches its children too; and it stops
+        # (SIGTERM) when this process dies, even by SIGKILL, which no `finally` survives.
         self.proc = subprocess.Popen(
             argv,
             stdout=self._log,
@@ -38,6 +41,7 @@ class ManagedProcess:
             env=full_env,
             cwd=cwd,
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
 
     def alive(self) -> bool:

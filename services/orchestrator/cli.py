@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prime_swarm.libs.cli import add_settings, new_parser
+from prime_swarm.libs.cli.lifecycle import hangup_as_terminate
 
 from .settings import OrchestratorSettings
 
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     from .app import create_app
 
     setup_logging("orchestrator", settings.log_level)
+    hangup_as_terminate()  # uvicorn stops gracefully on SIGTERM and Ctrl-C
     uvicorn.run(
         create_app(settings),
         host=settings.host,

@@ -7,6 +7,7 @@ import logging
 import sys
 
 from prime_swarm.libs.cli import add_settings, new_parser
+from prime_swarm.libs.cli.lifecycle import hangup_as_terminate
 
 from . import fetch_cli
 from .settings import RelaySettings
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if settings.access_log:  # setup_logging quietens per-request lines; asked for, show them
         logging.getLogger("uvicorn.access").setLevel(logging.INFO)
     logging.getLogger(__name__).info("starting", extra={"host": settings.host})
+    hangup_as_terminate()  # uvicorn stops gracefully on SIGTERM and Ctrl-C
     uvicorn.run(
         create_app(settings),
         host=settings.host,

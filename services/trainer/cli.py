@@ -22,8 +22,10 @@ def main(argv: list[str] | None = None) -> None:
     import torch  # after the arguments are checked: `--help` answers at once
 
     torch.set_num_threads(settings.threads)
-    # SIGTERM from a launcher or orchestrator of processes: exit between steps, via SystemExit.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # SIGTERM (a launcher, `docker stop`) or SIGHUP (a closed terminal): exit between steps,
+    # via SystemExit; Ctrl-C raises KeyboardInterrupt, handled below.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: sys.exit(0))
     from prime_swarm.libs.rl.distributed import close_distributed, init_distributed
 
     from .follower import follow

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 
 from prime_swarm.libs.chain.errors import ChainError
 from prime_swarm.libs.chain.keyfile import KeyFileError, load_key
 from prime_swarm.libs.cli import add_settings, fail, new_parser
+from prime_swarm.libs.cli.lifecycle import on_stop_signals
 from prime_swarm.libs.observability.http import serve_observability
 from prime_swarm.libs.observability.logs import setup_logging
 from prime_swarm.libs.streams.connection import exit_when_redis_is_gone
@@ -39,8 +39,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{PROG}: {exc}", file=sys.stderr)
             sys.exit(2)
         stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        on_stop_signals(lambda *_: stop.set())  # queued attestations are flushed first
         if settings.metrics_port:
             serve_observability(
                 settings.metrics_host,

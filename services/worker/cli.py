@@ -21,6 +21,7 @@ from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.chain.errors import ChainError, KeyFileError
 from prime_swarm.libs.chain.units import eth
 from prime_swarm.libs.cli import add_settings, fail, new_parser
+from prime_swarm.libs.cli.lifecycle import on_stop_signals
 from prime_swarm.libs.observability.http import serve_observability
 from prime_swarm.libs.observability.logs import setup_logging
 
@@ -246,7 +247,8 @@ def join(settings: WorkerSettings, account: LocalAccount, ledger: LedgerClient) 
 
 
 def install_stop(stop: threading.Event) -> None:
-    """First Ctrl-C (or SIGTERM): finish the batch in hand, then stop. A second: stop now."""
+    """First Ctrl-C (or SIGTERM, SIGHUP): finish the batch in hand, then stop. A second Ctrl-C:
+    stop now."""
 
     def request_stop(signum: int, _frame: object) -> None:
         if stop.is_set() and signum == signal.SIGINT:
@@ -257,8 +259,7 @@ def install_stop(stop: threading.Event) -> None:
             file=sys.stderr,
         )
 
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+    on_stop_signals(request_stop)
 
 
 def status_refresher(

@@ -52,6 +52,7 @@ def test_an_unknown_model_is_one_line_naming_the_flag(capsys: pytest.CaptureFixt
 def test_env_names_the_recipes_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     s = LocalNetworkSettings(env="guess-number")
     assert s.recipe.env == "guess-number" and s.steps == ENV_PRESETS["guess-number"]["steps"]
+    assert s.lr == ENV_PRESETS["guess-number"]["lr"]
     assert LocalNetworkSettings(env="guess-number", steps=5).steps == 5  # a flag wins
     # Over the variable and over the real model's preset, whose other fields stay.
     monkeypatch.setenv("PRIME_RECIPE_ENV", "arith")
