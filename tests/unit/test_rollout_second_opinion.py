@@ -73,26 +73,32 @@ def policy() -> LoadedPolicy:
     return LoadedPolicy(3, "cd" * 32, CausalLM(init_tiny_model(1), build_tokenizer()))
 
 
-@pytest.fixture(scope="module")
-def honest(policy: LoadedPolicy) -> SubmittedRollout:
-    task_id = "reverse/train/7"
+def answered(
+    policy: LoadedPolicy, env: str, task_id: str, seed: int, max_new_tokens: int
+) -> SubmittedRollout:
+    """An honest group of four answered by the hf worker's own path, on this device class."""
     lease = Lease(
-        lease_id="lease-7",
+        lease_id=f"lease-{task_id}",
         worker="0x" + "ab" * 20,
         pool_id=1,
-        work_id=0,
-        env="reverse",
+        work_id=seed,
+        env=env,
         task_id=task_id,
-        prompt=load_env("reverse").task_from_id(task_id).prompt,
+        prompt=load_env(env).task_from_id(task_id).prompt,
         group_size=4,
-        sampling=SamplingParams(temperature=1.0, max_new_tokens=8),
-        seed=99,
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens),
+        seed=seed,
         min_policy_version=1,
         expires_at=time.time() + 3600,
     )
     sub = answer_lease(policy, lease, HFBackend("bf16"))
     assert sub.device_class == HERE
-    return SubmittedRollout(submission_id="s7", lease=lease, submission=sub)
+    return SubmittedRollout(submission_id=f"s-{task_id}", lease=lease, submission=sub)
+
+
+@pytest.fixture(scope="module")
+def honest(policy: LoadedPolicy) -> SubmittedRollout:
+    return answered(policy, "reverse", "reverse/train/7", seed=99, max_new_tokens=8)
 
 
 @pytest.fixture(scope="module")
@@ -100,24 +106,9 @@ def multi_turn(policy: LoadedPolicy) -> Iterator[SubmittedRollout]:
     """An honest group of multi-turn episodes: the environment's replies sit between the
     model's turns in every branch (loadable by name while the module's tests run)."""
     with registered(EchoCount()) as env:
-        task = env.task_from_id("echo-count/train/0")
-        lease = Lease(
-            lease_id="lease-mt",
-            worker="0x" + "ab" * 20,
-            pool_id=1,
-            work_id=1,
-            env=env.name,
-            task_id=task.task_id,
-            prompt=task.prompt,
-            group_size=4,
-            sampling=SamplingParams(temperature=1.0, max_new_tokens=4),
-            seed=5,
-            min_policy_version=1,
-            expires_at=time.time() + 3600,
-        )
-        sub = answer_lease(policy, lease, HFBackend("bf16"))
-        assert all(len(c.sampled_spans) > 1 for c in sub.completions)
-        yield SubmittedRollout(submission_id="s-mt", lease=lease, submission=sub)
+        entry = answered(policy, env.name, "echo-count/train/0", seed=5, max_new_tokens=4)
+        assert all(len(c.sampled_spans) > 1 for c in entry.submission.completions)
+        yield entry
 
 
 @pytest.fixture
