@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = Path(sys.executable).with_name("prime-swarm")
 # Redis, anvil, origin, relay, orchestrator, trainer, validator, worker.
 SERVICES = 8
+STOP_BOUND_S = 120.0
 
 
 def process_table() -> dict[int, tuple[int, str, str]]:
@@ -94,18 +95,18 @@ def test_the_launcher_leaves_no_process_behind(tmp_path: Path, sig: signal.Signa
         assert len(children) >= SERVICES, children
         t0 = time.monotonic()
         proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=120)
+        out, _ = proc.communicate(timeout=STOP_BOUND_S)
         if sig == signal.SIGTERM:
             # The Ctrl-C path: `finally` stopped every process before the launcher exited.
             assert proc.returncode == 128 + sig, out[-2000:]
             assert "stopped by SIGTERM" in out
             assert not still_running(children)
-        # Bounded: a worker finishes the batch in hand, a validator flushes its attestations.
-        left = wait_gone(children, timeout_s=60)
+        # Bounded: a worker finishes the batch in hand, a validator flushes its attestations
+        # (measured here: 6 s after SIGTERM; 31.5 s after SIGKILL, when every child is told at
+        # once and the worker retries an orchestrator that is stopping too).
+        left = wait_gone(children, timeout_s=STOP_BOUND_S - (time.monotonic() - t0))
         assert not left, {pid: process_table().get(pid) for pid in left}
-        elapsed = time.monotonic() - t0
-        print(f"{sig.name}: every process gone {elapsed:.1f} s after the signal")
-        assert elapsed < 120
+        print(f"{sig.name}: every process gone {time.monotonic() - t0:.1f} s after the signal")
     finally:
         for pid in still_running(children):
             os.kill(pid, signal.SIGKILL)
