@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> None:
         log_level=settings.log_level.lower(),
         log_config=None,  # uvicorn's loggers go through our handler, in our format
         access_log=False,
+        # Open requests get 5 s to finish on SIGTERM, as the relay's (by default uvicorn waits
+        # for every open connection: 15 s here, behind a retrying worker).
+        timeout_graceful_shutdown=5,
     )
 
 

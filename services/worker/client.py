@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-import time
+import threading
 from typing import TypeVar
 
 import httpx
@@ -72,12 +72,21 @@ def _error(status: int, raw: bytes) -> OrchestratorError:
 
 class OrchestratorClient:
     def __init__(
-        self, base_url: str, account: LocalAccount, timeout_s: float, retry_budget: int
+        self,
+        base_url: str,
+        account: LocalAccount,
+        timeout_s: float,
+        retry_budget: int,
+        stop: threading.Event | None = None,
     ) -> None:
         self.http = httpx.Client(
             base_url=base_url.rstrip("/"), auth=WorkerAuth(account), timeout=timeout_s
         )
         self.retry_budget = retry_budget
+        self.stop = stop or threading.Event()
+        """Once set (the worker is stopping), a failing request is retried once, not for the
+        whole budget: a stopping pool's orchestrator stops too, and waiting out its backoff
+        (15 s of it) kept a worker from exiting long after everything else had."""
 
     def _request(self, method: str, path: str, body: BaseModel | None, reply: type[R]) -> R:
         content = body.model_dump_json().encode() if body is not None else None
@@ -97,10 +106,10 @@ class OrchestratorClient:
             except httpx.TransportError as exc:
                 err = exc
             attempt += 1
-            if attempt > self.retry_budget:
+            if attempt > (min(1, self.retry_budget) if self.stop.is_set() else self.retry_budget):
                 raise err
             log.warning("retrying %s in %.1fs after %s", path, delay, err)
-            time.sleep(delay)
+            self.stop.wait(delay)
         if status >= 400:
             raise _error(status, raw)
         try:

@@ -133,7 +133,11 @@ class Worker:
 
     def run(self) -> None:
         client = OrchestratorClient(
-            self.orchestrator_url, self.account, self.s.http_timeout_s, self.s.retry_budget
+            self.orchestrator_url,
+            self.account,
+            self.s.http_timeout_s,
+            self.s.retry_budget,
+            self.stop,
         )
         outage = Outage(self.s.outage_budget_s, self.snapshot)
         request = RegisterRequest(
