@@ -156,6 +156,8 @@ ACCEPTANCE = Acceptance(
     # (tiny, depth 2), a 0.3 %-RMS neighbour at 0.67 and more: 0.3 leaves room both ways.
     # The replay against the worker's own path (a bf16 KV-cached decode) is 0.0 on every honest
     # hf group measured (240 multi-turn groups); the near-tie cheat above keeps its 8.3 there.
+    # For work from another class the decode is not the worker's path: a suspect from there
+    # that fails it is held for a validator of that class, never slashed (verify.settle).
     recheck=Recheck(max_group_mant_err=0.3, max_replay_gap=0.5, max_replay_z=6.0),
 )
 
