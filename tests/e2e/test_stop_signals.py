@@ -102,8 +102,8 @@ def test_the_launcher_leaves_no_process_behind(tmp_path: Path, sig: signal.Signa
             assert "stopped by SIGTERM" in out
             assert not still_running(children)
         # Bounded: a worker finishes the batch in hand, a validator flushes its attestations
-        # (measured here: 6 s after SIGTERM; 31.5 s after SIGKILL, when every child is told at
-        # once and the worker retries an orchestrator that is stopping too).
+        # (measured here: 6-7 s after SIGTERM; 16 s after SIGKILL, when every child is told at
+        # once and the validator waits out its Redis retry budget, Redis stopping too).
         left = wait_gone(children, timeout_s=STOP_BOUND_S - (time.monotonic() - t0))
         assert not left, {pid: process_table().get(pid) for pid in left}
         print(f"{sig.name}: every process gone {time.monotonic() - t0:.1f} s after the signal")
