@@ -17,7 +17,7 @@ ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 CHART_RENDER := .tools/chart-render
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup up test test-all bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-orchestrator bench-chain chaos hostile fuzz lint fmt clean
+.PHONY: setup up test test-all images bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-orchestrator bench-chain chaos hostile fuzz lint fmt clean
 
 setup: $(VENV)/.installed $(ANVIL) redis chromium docker-compose $(CHART_RENDER)
 
@@ -58,6 +58,19 @@ docker-compose:
 	@command -v docker-compose >/dev/null || { \
 		echo "installing docker-compose"; \
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends docker-compose; }
+
+# `make images`: every service image built on this machine, where builds reach no registry and no
+# package index: a Debian base made by debootstrap, a wheelhouse the host's pip fills, and the
+# Docker engine from Debian (started if none runs); sizes in bench/results/images.json. On a
+# user's machine `docker compose build` builds the same Dockerfile from python:3.11-slim.
+.PHONY: docker-engine
+images: setup docker-engine
+	$(PY) deploy/docker/images.py
+
+docker-engine:
+	@command -v dockerd >/dev/null && command -v debootstrap >/dev/null || { \
+		echo "installing docker.io and debootstrap"; \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends docker.io debootstrap; }
 
 # chart-render (deploy/helm/render): `helm template` for deploy/helm/prime-swarm with Helm's own
 # template engine (Go text/template + Sprig), built from Debian's Go packages: no helm binary
