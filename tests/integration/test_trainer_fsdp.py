@@ -6,7 +6,6 @@ cannot be set up and torn down inside pytest's own process reliably."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from script_files import load_script
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from prime_swarm.libs.localnet.ports import free_port
@@ -111,11 +111,7 @@ def test_two_ranks_train_as_one_process(probe: dict[str, Any], variant: str) -> 
 
 def _batch() -> list[list[Rollout]]:
     """The probe's batch (the probe is a script, not a module of the package)."""
-    spec = importlib.util.spec_from_file_location("fsdp_probe", PROBE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_batch()
+    return load_script(PROBE, "fsdp_probe").make_batch()
 
 
 def _lm() -> CausalLM:

@@ -3,7 +3,6 @@ key from the pool, held by a real flock for as long as the process that claimed 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,17 +10,14 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from script_files import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "docker" / "claim_key.py"
 
 
 @pytest.fixture(scope="module")
 def claim_key() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("claim_key", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 @pytest.fixture()

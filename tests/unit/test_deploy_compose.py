@@ -4,7 +4,6 @@ PRIME_* variable it sets is a real setting of the service that reads it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -16,6 +15,7 @@ from types import ModuleType
 
 import pytest
 import yaml
+from script_files import load_script
 
 from prime_swarm.deploy import compose_secrets
 from prime_swarm.libs.rollout.recipe import Recipe
@@ -97,11 +97,7 @@ def services(compose: dict) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def deployer() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("compose_deployer", DEPLOYER)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # stdlib-only at import time
-    return module
+    return load_script(DEPLOYER, "compose_deployer")  # stdlib-only at import time
 
 
 def env_of(service: dict) -> dict[str, str]:

@@ -4,7 +4,6 @@ on the port its settings read, against a real HTTP server here."""
 from __future__ import annotations
 
 import http.server
-import importlib.util
 import socket
 import threading
 from collections.abc import Iterator
@@ -12,17 +11,14 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from script_files import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy/docker/healthcheck.py"
 
 
 @pytest.fixture(scope="module")
 def healthcheck() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("healthcheck", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 @pytest.fixture
