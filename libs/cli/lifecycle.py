@@ -2,11 +2,13 @@
 
 A process is asked to stop in three ways, and all three mean what Ctrl-C means: SIGINT (Ctrl-C),
 SIGTERM (`docker stop`, `compose down`, supervisors, `timeout`, a launcher stopping its
-children) and SIGHUP (the terminal it ran in was closed). Python's defaults end a program at
-once on the last two, with no `finally` run: a launcher killed that way left its whole network
-running. `interrupt_on_stop_signals` makes both raise KeyboardInterrupt, for programs whose
-Ctrl-C path already cleans up; `on_stop_signals` installs one handler for all three, for
-programs that finish what they hold first (a worker's batch, a validator's queued attestations).
+children) and SIGHUP (the terminal it ran in was closed; unless started under `nohup`, which
+asked for the opposite). Python's defaults end a program at once on the last two, with no
+`finally` run: a launcher killed that way left its whole network running.
+`interrupt_on_stop_signals` makes both raise KeyboardInterrupt, for programs whose Ctrl-C path
+already cleans up; `on_stop_signals` installs one handler for all three, for programs that
+finish what they hold first (a worker's batch, a validator's queued attestations);
+`on_termination` the last two only (the trainer exits between steps).
 
 A launcher can still be killed with SIGKILL, which no handler sees. `die_with_parent` is run in
 each child it starts (Popen's `preexec_fn`): Linux then sends the child SIGTERM when the thread
@@ -22,17 +24,29 @@ import sys
 from collections.abc import Callable
 from types import FrameType
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
 Handler = Callable[[int, FrameType | None], object]
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
+def _hangup_ignored() -> bool:
+    """Started under `nohup` (SIGHUP ignored, as it stays across exec): a closed terminal must
+    not stop what its user asked to outlive it."""
+    return signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+
+
+def on_termination(handler: Handler) -> None:
+    """`handler` for SIGTERM and SIGHUP (from the main thread); SIGHUP stays ignored where it
+    was (`nohup`). Ctrl-C keeps Python's KeyboardInterrupt."""
+    signal.signal(signal.SIGTERM, handler)
+    if not _hangup_ignored():
+        signal.signal(signal.SIGHUP, handler)
+
+
 def on_stop_signals(handler: Handler) -> None:
-    """`handler` for Ctrl-C, SIGTERM and SIGHUP alike (from the main thread)."""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, handler)
+    """`handler` for Ctrl-C, SIGTERM and SIGHUP alike (SIGHUP as in `on_termination`)."""
+    signal.signal(signal.SIGINT, handler)
+    on_termination(handler)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -46,8 +60,9 @@ def interrupt_on_stop_signals() -> None:
 
 def hangup_as_terminate() -> None:
     """SIGHUP sent on as SIGTERM to this process, for a server whose framework stops gracefully
-    on SIGTERM and SIGINT only (uvicorn)."""
-    signal.signal(signal.SIGHUP, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+    on SIGTERM and SIGINT only (uvicorn); left ignored under `nohup`."""
+    if not _hangup_ignored():
+        signal.signal(signal.SIGHUP, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None

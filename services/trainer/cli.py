@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 
 from prime_swarm.libs.chain.keyfile import load_or_create_key
 from prime_swarm.libs.cli import add_settings, new_parser
+from prime_swarm.libs.cli.lifecycle import on_termination
 from prime_swarm.libs.observability.http import serve_observability
 from prime_swarm.libs.observability.logs import setup_logging
 from prime_swarm.libs.streams.connection import exit_when_redis_is_gone
@@ -24,8 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(settings.threads)
     # SIGTERM (a launcher, `docker stop`) or SIGHUP (a closed terminal): exit between steps,
     # via SystemExit; Ctrl-C raises KeyboardInterrupt, handled below.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda *_: sys.exit(0))
+    on_termination(lambda *_: sys.exit(0))
     from prime_swarm.libs.rl.distributed import close_distributed, init_distributed
 
     from .follower import follow

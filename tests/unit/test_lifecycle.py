@@ -51,3 +51,21 @@ time.sleep(60)
     proc.send_signal(signal.SIGHUP)
     out, _ = proc.communicate(timeout=30)
     assert out.strip() == "graceful stop" and proc.returncode == 0
+
+
+def test_under_nohup_a_hangup_stays_ignored() -> None:
+    """`nohup` asked for the run to outlive its terminal; SIGTERM still stops it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PROGRAM],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # what nohup does
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGHUP)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=1)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert out.split("\n")[:2] == ["interrupted by SIGTERM", "cleaned up"]
