@@ -24,9 +24,20 @@ finally:
 """
 
 
+def started(program: str, hangup: signal.Handlers = signal.SIG_DFL) -> subprocess.Popen[str]:
+    """`program` with SIGHUP as a terminal leaves it (default), whatever this run inherited (a
+    test run under nohup ignores SIGHUP, and so would its children)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", program],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, hangup),
+    )
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_stop_signals_run_the_ctrl_c_path(sig: signal.Signals) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", PROGRAM], stdout=subprocess.PIPE, text=True)
+    proc = started(PROGRAM)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(sig)
@@ -45,7 +56,7 @@ signal.signal(signal.SIGTERM, lambda *_: (print("graceful stop", flush=True), ex
 print("ready", flush=True)
 time.sleep(60)
 """
-    proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
+    proc = started(program)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGHUP)
@@ -55,12 +66,7 @@ time.sleep(60)
 
 def test_under_nohup_a_hangup_stays_ignored() -> None:
     """`nohup` asked for the run to outlive its terminal; SIGTERM still stops it."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", PROGRAM],
-        stdout=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # what nohup does
-    )
+    proc = started(PROGRAM, hangup=signal.SIG_IGN)  # what nohup does
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGHUP)
