@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # select_topk imports it: the verdict side (verdict.py) needs no torch
+    import torch
 
 CANONICAL_NAN = 0x7FC0
 """Every NaN is stored as this pattern: NaN payloads are not reproducible across kernels, and the
@@ -57,6 +60,8 @@ class ChunkLayout:
 
 
 def select_topk(rows: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+    import torch
+
     """Flat indices ([N, k]) of the ``k`` largest-magnitude values of each bf16 row ([N, n]) and
     those values' bit patterns.
 
