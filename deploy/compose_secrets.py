@@ -50,6 +50,8 @@ GRAFANA_PASSWORD = "grafana-admin.password"
 ADDRESSES = "addresses.json"
 # Roles whose password only the redis container needs.
 REDIS_SIDE_ROLES = {"healthcheck"}
+# Users whose password no container reads: the operator's own, on the host, as root.
+HOST_SIDE_ROLES = {"auditor", "default"}
 
 
 def password_file(role: str) -> str:
@@ -69,6 +71,8 @@ def owner_of(name: str) -> tuple[int, int]:
         return REDIS_OWNER
     if name == GRAFANA_PASSWORD:
         return GRAFANA_OWNER
+    if name in {password_file(r) for r in HOST_SIDE_ROLES}:
+        return (0, 0)
     return PRIME_OWNER
 
 
@@ -106,7 +110,7 @@ def generate(out: Path, workers: int = WORKER_KEYS, chown: bool = False) -> Outc
     os.chmod(out, 0o700)
 
     passwords: dict[str, str] = {}
-    for name in [*(password_file(r) for r in redis_acl.ROLES), GRAFANA_PASSWORD]:
+    for name in [*(password_file(r) for r in redis_acl.USERS), GRAFANA_PASSWORD]:
         path = out / name
         if create_exclusive(path, _new_password()):
             result.created.append(name)
@@ -124,7 +128,7 @@ def generate(out: Path, workers: int = WORKER_KEYS, chown: bool = False) -> Outc
             result.created.append(path.name)
         addresses[who] = load_key(path).address
 
-    acl = redis_acl.acl_file({r: passwords[password_file(r)] for r in redis_acl.ROLES})
+    acl = redis_acl.acl_file({r: passwords[password_file(r)] for r in redis_acl.USERS})
     roster = {
         "trainer": addresses["trainer"],
         "validator": addresses["validator"],

@@ -13,7 +13,11 @@ forged `rollouts:submitted` entry once got an honest worker slashed.
   trainer       consumes verified rollouts, announces policies, appends its progress; owns
                 trainer:*
   healthcheck   PING only, for the compose healthcheck
-  default       off: a connection that does not authenticate can do nothing
+  auditor       the operator's books (deploy/local/books.account: every rollout's fate): reads
+                the rollout streams and the trainer's audit hashes, changes nothing; no service
+                runs as it
+  default       every permission, behind a password only the operator holds (see
+                DEFAULT_USER): a connection that does not authenticate can do nothing
 
 Workers get no user at all: they talk to the orchestrator over signed HTTP, never to Redis.
 
@@ -35,6 +39,7 @@ from prime_swarm.libs.guard.ratelimit import RATE_KEY
 from prime_swarm.protocol import streams, worker_stats
 from prime_swarm.protocol.auth import NONCE_KEY
 from prime_swarm.services.orchestrator import state as orch_state
+from prime_swarm.services.trainer.persist import DROPPED, TRAINED_BY_STEP
 
 # What redis-py's `pipeline(transaction=True)` sends around the queued commands; it checks no key.
 TRANSACTION = ("multi", "exec")
@@ -186,10 +191,37 @@ TRAINER = Role(
 
 HEALTHCHECK = Role("healthcheck", grants=(), keyless=("ping",))
 
-ROLES: dict[str, Role] = {r.name: r for r in (ORCHESTRATOR, VALIDATOR, TRAINER, HEALTHCHECK)}
+AUDITOR = Role(
+    "auditor",
+    grants=(
+        Grant(
+            keys=(streams.ROLLOUTS_SUBMITTED, streams.ROLLOUTS_VERIFIED, streams.ROLLOUTS_REJECTED),
+            commands=("xrange", "xinfo|groups", "xpending"),
+            read_only=True,
+        ),
+        Grant(keys=(TRAINED_BY_STEP, DROPPED), commands=("hgetall",), read_only=True),
+    ),
+)
 
-# Without this line Redis creates `default` with no password and every permission.
-DEFAULT_OFF = "user default off resetpass resetkeys resetchannels -@all"
+ROLES: dict[str, Role] = {
+    r.name: r for r in (ORCHESTRATOR, VALIDATOR, TRAINER, HEALTHCHECK, AUDITOR)
+}
+
+# `default` is the user Redis replays its append-only file as, and Redis 7 re-checks the commands
+# of every MULTI/EXEC in the file against it at load. Turned off (as it once was here), each
+# transaction in the file is dropped at restart without a word: our pipelines, and the XCLAIM
+# and XGROUP SETID that record a consumer group's reads (redis/redis#14541, valkey#3983). Seen
+# in the compose test: after one Redis crash, 79 rollouts lost and 16 trained twice. So
+# `default` keeps every permission and is guarded by a password only the operator holds (no
+# service has it): a connection that does not authenticate still gets NOAUTH, and nothing else.
+DEFAULT_USER = "default"
+# Every user with a password: the roles, and `default`.
+USERS = (*ROLES, DEFAULT_USER)
+
+
+def default_line(password: str) -> str:
+    digest = hashlib.sha256(password.encode()).hexdigest()
+    return f"user default on resetpass #{digest} resetkeys resetchannels ~* &* +@all"
 
 
 def acl_file(passwords: Mapping[str, str]) -> str:
@@ -197,11 +229,12 @@ def acl_file(passwords: Mapping[str, str]) -> str:
 
     ACL files take no comments, so the reasons live here, not in the file.
     """
-    missing = sorted(set(ROLES) - set(passwords))
+    missing = sorted(set(USERS) - set(passwords))
     if missing:
         raise ValueError(f"no password for Redis role(s) {missing}")
     for name, password in passwords.items():
         if len(password) < 16:
             raise ValueError(f"the password of Redis role {name!r} is too short")
-    lines = [DEFAULT_OFF] + [role.acl_line(passwords[name]) for name, role in ROLES.items()]
+    lines = [default_line(passwords[DEFAULT_USER])]
+    lines += [role.acl_line(passwords[name]) for name, role in ROLES.items()]
     return "\n".join(lines) + "\n"

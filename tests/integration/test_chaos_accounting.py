@@ -9,7 +9,8 @@ import random
 import redis
 from rollout_messages import submitted, verdict, verified
 
-from prime_swarm.deploy.local.chaos import PARTS, account, kill_plan
+from prime_swarm.deploy.local.books import account
+from prime_swarm.deploy.local.chaos import PARTS, kill_plan
 from prime_swarm.protocol import streams
 from prime_swarm.services.trainer.persist import DROPPED, TRAINED_BY_STEP
 

@@ -330,3 +330,32 @@ def step_progress(n: int) -> StepProgress:
         stale_dropped=0, accepted_total=0, rejected_total=0, loss=0.0, clip_frac=0.0,
         seconds=1.0, wall=1.0,
     )  # fmt: skip
+
+
+def test_a_redis_crash_loses_no_transaction_and_no_group_read(acl_redis: SimpleNamespace) -> None:
+    """Redis replays its AOF as the `default` user and re-checks each MULTI/EXEC in it against
+    that user. With `default` off, a crash dropped every transaction in the file, the consumer
+    groups' reads among them: the compose test lost 79 rollouts and trained 16 twice (see
+    redis_acl.DEFAULT_USER). Runs last: it restarts the module's server."""
+    orchestrator, validator = acl_redis.connect("orchestrator"), acl_redis.connect("validator")
+    submitted = streams.ROLLOUTS_SUBMITTED
+    try:
+        validator.xgroup_create(submitted, "crash-test", id="$", mkstream=True)
+        pipe = orchestrator.pipeline(transaction=True)
+        pipe.xadd(submitted, FAKE)
+        pipe.xadd(submitted, FAKE)
+        pipe.execute()
+        read = validator.xreadgroup("crash-test", "c1", {submitted: ">"}, count=1)
+        assert len(read[0][1]) == 1
+        length = orchestrator.xlen(submitted)
+    finally:
+        orchestrator.close()
+        validator.close()
+
+    acl_redis.server.crash_and_restart()
+
+    orchestrator, validator = acl_redis.connect("orchestrator"), acl_redis.connect("validator")
+    assert orchestrator.xlen(submitted) == length, "the transaction's entries are gone"
+    groups = {g["name"].decode(): g for g in validator.xinfo_groups(submitted)}
+    assert "crash-test" in groups, "the consumer group is gone"
+    assert groups["crash-test"]["pending"] == 1, "the group's read is gone"
