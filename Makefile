@@ -17,7 +17,7 @@ ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 CHART_RENDER := .tools/chart-render
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup up test test-all images bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-orchestrator bench-chain chaos hostile fuzz lint fmt clean
+.PHONY: setup up test test-compose test-all images bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-orchestrator bench-chain chaos hostile fuzz lint fmt clean
 
 setup: $(VENV)/.installed $(ANVIL) redis chromium docker-compose $(CHART_RENDER)
 
@@ -101,7 +101,12 @@ hostile: setup
 	$(PY) bench/hostile_swarm.py $(HOSTILE_ARGS)
 
 test: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not compose"
+
+# The whole network in containers (tests/compose): builds the images as `make images` does,
+# runs docker-compose.yml with four workers, kills services, and removes what it made.
+test-compose: setup docker-engine
+	$(PY) -m pytest -q -m compose tests/compose
 
 test-all: setup
 	$(PY) -m pytest -q

@@ -1,17 +1,20 @@
-"""`make images`: every service image built here, where no registry and no package index is
-reachable from a build, and each image's size written to bench/results/images.json.
+"""`make images`: every image docker-compose.yml runs, built here, where no registry and no
+package index is reachable from a build; each image's size written to bench/results/images.json.
 
     .venv/bin/python deploy/docker/images.py [--extras relay,worker] [--tag local]
 
 1. A Docker engine: the running one, or `dockerd` started with address pools of our choosing
    (nothing else on this machine uses 172.30/16 and 172.31/16).
-2. A base image instead of `python:3.11-slim`: Debian bookworm with python3 made by
-   `debootstrap` and imported (`prime-swarm-base:bookworm`, made once).
-3. A wheelhouse instead of the index (deploy/docker/wheelhouse/, made once per pyproject.toml):
-   the host's pip fills it with wheels of every service extra (torch the pinned CPU build, as in
+2. Base images instead of registry pulls, made once each by `debootstrap` and imported:
+   `prime-swarm-base:bookworm` (python3, for our images) and `prime-swarm-infra:bookworm`
+   (Debian's redis-server and prometheus, for deploy/docker/infra.Dockerfile).
+3. A wheelhouse instead of the index, made once per pyproject.toml in this machine's cache
+   (~/.cache/prime-swarm/wheelhouse, kept between clones) and copied into the build context
+   (deploy/docker/wheelhouse/): wheels of every service extra (torch the pinned CPU build, as in
    `make setup`), and the anvil binary `make setup` installed.
-4. deploy/docker/Dockerfile built once per extra with those three build arguments; on a user's
-   machine the same file builds from `python:3.11-slim` and the index with none of them.
+4. Our images built by compose itself, one service per extra, with deploy/docker/compose.local.yml
+   over docker-compose.yml (the base image and the wheelhouse as build arguments); on a user's
+   machine `docker compose build` builds the same Dockerfile from `python:3.11-slim`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -28,8 +32,24 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 WHEELHOUSE = REPO / "deploy/docker/wheelhouse"
+WHEEL_CACHE = (
+    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "prime-swarm" / "wheelhouse"
+)
 ANVIL = REPO / ".tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil"
+# docker-compose.yml with the override that names the local bases: every compose command here.
+COMPOSE_FILES = ("docker-compose.yml", "deploy/docker/compose.local.yml")
 BASE = "prime-swarm-base:bookworm"
+INFRA = "prime-swarm-infra:bookworm"
+# debootstrap --include of each base. wget: the compose healthcheck of prometheus calls it.
+BASE_PACKAGES = {
+    BASE: "python3,python3-venv,python3-pip,ca-certificates",
+    INFRA: "redis-server,prometheus,wget,ca-certificates",
+}
+# Images of infra.Dockerfile, by its target; compose.local.yml names them.
+INFRA_IMAGES = {
+    "redis": "prime-swarm-redis:bookworm",
+    "prometheus": "prime-swarm-prometheus:bookworm",
+}
 EXTRAS = ("relay", "orchestrator", "validator", "trainer", "worker", "chain")
 # Services of docker-compose.yml by the image each runs (model-init runs the trainer image).
 SERVICES = {
@@ -65,42 +85,65 @@ def engine(timeout_s: float = 60) -> None:
         time.sleep(1)
 
 
-def base_image() -> None:
-    """Debian bookworm with python3, imported as BASE (about 50 s, once)."""
-    if subprocess.run(["docker", "image", "inspect", BASE], capture_output=True).returncode == 0:
+def has_image(name: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", name], capture_output=True).returncode == 0
+
+
+def base_image(name: str) -> None:
+    """Debian bookworm with BASE_PACKAGES[name], imported as `name` (about a minute, once)."""
+    if has_image(name):
         return
     with tempfile.TemporaryDirectory() as root:
-        run(
-            "debootstrap",
-            "--variant=minbase",
-            "--include=python3,python3-venv,python3-pip,ca-certificates",
-            "bookworm",
-            root,
-            stdout=subprocess.DEVNULL,
-        )
+        run("debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES[name]}", "bookworm",
+            root, stdout=subprocess.DEVNULL)  # fmt: skip
         tar = subprocess.Popen(["tar", "-C", root, "-c", "."], stdout=subprocess.PIPE)
-        run("docker", "import", "-", BASE, stdin=tar.stdout)
+        run("docker", "import", "-", name, stdin=tar.stdout)
         tar.wait()
 
 
 def wheelhouse() -> None:
-    """Wheels of every extra (and of the build backend), once per pyproject.toml."""
-    stamp = WHEELHOUSE / ".pyproject.sha256"
+    """Wheels of every extra (and of the build backend), once per pyproject.toml, then copied
+    into the build context (a fresh clone's context has none)."""
+    WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
+    stamp = WHEEL_CACHE / ".pyproject.sha256"
     digest = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()
     if not (stamp.exists() and stamp.read_text() == digest):
         pip = [sys.executable, "-m", "pip"]
-        run(*pip, "download", "-q", "--dest", str(WHEELHOUSE), "pip", "setuptools>=68", "wheel")
-        run(*pip, "download", "-q", "--dest", str(WHEELHOUSE), *BASE_ONLY)
-        run(*pip, "wheel", "-q", "--wheel-dir", str(WHEELHOUSE), f"{REPO}[{','.join(EXTRAS)}]")
+        run(*pip, "download", "-q", "--dest", str(WHEEL_CACHE), "pip", "setuptools>=68", "wheel")
+        run(*pip, "download", "-q", "--dest", str(WHEEL_CACHE), *BASE_ONLY)
+        run(*pip, "wheel", "-q", "--wheel-dir", str(WHEEL_CACHE), f"{REPO}[{','.join(EXTRAS)}]")
         stamp.write_text(digest)
+    for wheel in WHEEL_CACHE.glob("*.whl"):
+        copy = WHEELHOUSE / wheel.name
+        if not copy.exists() or copy.stat().st_size != wheel.stat().st_size:
+            shutil.copy2(wheel, copy)
     shutil.copy2(ANVIL, WHEELHOUSE / "anvil")
 
 
+def quietly(what: str, *argv: str, env: dict[str, str] | None = None) -> None:
+    """A build whose chatter (compose's warning per secret file not made yet, the legacy
+    builder's deprecation note) shows only when it fails."""
+    out = subprocess.run(
+        argv, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        sys.exit(f"images: {what} failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
+
+
 def build(extra: str, tag: str) -> None:
-    args = {"EXTRA": extra, "PYTHON_IMAGE": BASE, "NODE_IMAGE": BASE, "WHEELHOUSE": "1"}
-    flags = [f for k, v in args.items() for f in ("--build-arg", f"{k}={v}")]
-    run("docker", "build", "-q", "-f", "deploy/docker/Dockerfile", *flags,
-        "-t", f"prime-swarm-{extra}:{tag}", ".", cwd=REPO)  # fmt: skip
+    """The image of `extra`, built by compose (docker-compose.yml with compose.local.yml) from
+    its first service; the others share it."""
+    files = [f for name in COMPOSE_FILES for f in ("-f", name)]
+    quietly(f"building {extra}", "docker-compose", *files, "build", "-q", SERVICES[extra][0],
+            env={"SWARM_TAG": tag})  # fmt: skip
+
+
+def build_infra() -> None:
+    base_image(INFRA)
+    for target, image in INFRA_IMAGES.items():
+        quietly(f"building {image}", "docker", "build", "-q", "-f",
+                "deploy/docker/infra.Dockerfile", "--target", target,
+                "--build-arg", f"INFRA_IMAGE={INFRA}", "-t", image, ".")  # fmt: skip
 
 
 def size_mb(image: str) -> float:
@@ -118,10 +161,13 @@ def main() -> None:
     if unknown := set(extras) - set(EXTRAS):
         sys.exit(f"images: --extras: unknown {sorted(unknown)}; known: {', '.join(EXTRAS)}")
     engine()
-    base_image()
+    base_image(BASE)
     wheelhouse()
     doc = json.loads(args.out.read_text()) if args.out.exists() else {}
     images = doc.setdefault("images", {})
+    build_infra()
+    for service, image in INFRA_IMAGES.items():
+        images[service] = {"size_mb": size_mb(image), "extra": None, "image": image.split(":")[0]}
     for extra in extras:
         t0 = time.monotonic()
         build(extra, args.tag)
@@ -130,6 +176,7 @@ def main() -> None:
         for service in SERVICES[extra]:
             images[service] = {"size_mb": mb, "extra": extra, "image": f"prime-swarm-{extra}"}
     doc["base_image"] = {"image": BASE, "size_mb": size_mb(BASE)}
+    doc["infra_base_image"] = {"image": INFRA, "size_mb": size_mb(INFRA)}
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
 
 
