@@ -76,6 +76,7 @@ def engine(timeout_s: float = 60) -> None:
         return
     if shutil.which("dockerd") is None:
         sys.exit("images: no Docker engine; `apt-get install docker.io` installs one")
+    (REPO / ".cache").mkdir(exist_ok=True)
     log = open(REPO / ".cache/dockerd.log", "ab")  # noqa: SIM115 - outlives this process
     subprocess.Popen(["dockerd", *DAEMON_ARGS], stdout=log, stderr=log, start_new_session=True)
     deadline = time.monotonic() + timeout_s
