@@ -176,6 +176,11 @@ def main() -> None:
         print(f"prime-swarm-{extra}:{args.tag}  {mb} MB  ({time.monotonic() - t0:.0f} s)")
         for service in SERVICES[extra]:
             images[service] = {"size_mb": mb, "extra": extra, "image": f"prime-swarm-{extra}"}
+    # A rebuild leaves the image it replaced untagged (1.5 GB for the torch ones): five rebuilds
+    # here held 38 GB and filled the disk. Only our runtime images carry this label; the build
+    # stages stay, as the layer cache of the next build.
+    run("docker", "image", "prune", "--force", "--filter", "label=io.prime-swarm.extra",
+        stdout=subprocess.DEVNULL)  # fmt: skip
     doc["base_image"] = {"image": BASE, "size_mb": size_mb(BASE)}
     doc["infra_base_image"] = {"image": INFRA, "size_mb": size_mb(INFRA)}
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
