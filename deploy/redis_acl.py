@@ -86,10 +86,15 @@ class Role:
         )
 
     def acl_line(self, password: str) -> str:
-        digest = hashlib.sha256(password.encode()).hexdigest()
+        digest = password_digest(password)
         rules = ["resetkeys", "resetchannels", "-@all", *("+" + c for c in self.keyless)]
         selectors = [g.selector() for g in self.grants]
         return " ".join(["user", self.name, "on", "resetpass", "#" + digest, *rules, *selectors])
+
+
+def password_digest(password: str) -> str:
+    """What an ACL file holds of a password (`#<sha256 hex>`), never the password."""
+    return hashlib.sha256(password.encode()).hexdigest()
 
 
 def pattern(key_template: str) -> str:
@@ -220,7 +225,7 @@ USERS = (*ROLES, DEFAULT_USER)
 
 
 def default_line(password: str) -> str:
-    digest = hashlib.sha256(password.encode()).hexdigest()
+    digest = password_digest(password)
     return f"user default on resetpass #{digest} resetkeys resetchannels ~* &* +@all"
 
 
