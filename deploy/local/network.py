@@ -150,6 +150,7 @@ class LocalNetwork:
                 "PRIME_TRAINER_MAX_STEPS": str(self.s.steps),
                 "PRIME_TRAINER_GROUPS_PER_STEP": str(self.s.groups_per_step),
                 "PRIME_TRAINER_LR": str(self.s.lr),
+                "PRIME_TRAINER_SEED": str(self.s.task_seed),
                 "PRIME_TRAINER_FILTER_ZERO_VARIANCE": str(self.s.filter_zero_variance).lower(),
                 "PRIME_TRAINER_METRICS_PORT": str(free_port()),
             },
@@ -167,6 +168,7 @@ class LocalNetwork:
                 "PRIME_ORCH_OWNER_KEY_FILE": str(self.keys / "owner.json"),
                 "PRIME_ORCH_EJECT_AFTER_S": "120",
                 "PRIME_ORCH_LEASE_TTL_S": str(self.s.lease_ttl_s),
+                "PRIME_ORCH_TASK_SEED": str(self.s.task_seed),
                 # Groups in flight, not counting the batch the trainer has taken: one step's
                 # worth. Measured (bench/trainer_bench.py): 1.25-1.5 steps dropped 3-4x the
                 # groups as stale for no more trained completions per second.

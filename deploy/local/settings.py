@@ -73,6 +73,11 @@ class LocalNetworkSettings(BaseSettings):
     runs_dir: Path = Field(Path("runs"), description="Each run gets runs/<timestamp>/.")
     cache_dir: Path = Field(Path(".cache"), description="Built models, reused across runs.")
     model_seed: int = Field(0, description="Seed of the tiny model and its warm start.")
+    task_seed: int = Field(
+        0,
+        description="Seed of the pool's training task stream and the trainer's RNG: runs that "
+        "differ in it measure the spread of an outcome (workers sample from random seeds).",
+    )
     warm_start_steps: int = Field(WARM_START.steps, description="SFT steps of the warm start.")
     workers: int = Field(
         1,
