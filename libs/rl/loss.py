@@ -43,7 +43,8 @@ class LossConfig(BaseModel):
     )
     normalize: Literal["tokens", "constant"] = Field(
         "tokens",
-        description="Divide the summed token loss by the step's real token count, or by a "
+        description="Divide the summed token loss by the step's sampled token count (every "
+        "rollout's, zero-advantage ones too), or by a "
         "constant (groups x group size x max_new_tokens, Dr.GRPO/INTELLECT-2) so that long "
         "and short batches move the weights alike.",
     )

@@ -116,6 +116,34 @@ def test_groups_without_signal_leave_weights_untouched() -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
 
+def test_a_group_without_signal_dilutes_the_step_as_its_tokens_count() -> None:
+    """Zero-advantage rollouts skip the forward, but their tokens stay in the token mean (TRL's
+    and DAPO's): beside a silent group of as many tokens, the same informative group's gradient
+    is exactly half."""
+    prompt = prompt_ids(build_tokenizer(), "rev 56=")
+    silent_prompt = prompt_ids(build_tokenizer(), "rev 12=")
+    grads = []
+    for with_silent in (False, True):
+        lm = _lm()
+        group = [
+            Rollout(prompt, c, _logprobs(lm, prompt, c, 1.0), r)
+            for c, r in ((_answer(lm, "65"), 1.0), (_answer(lm, "99"), 0.0))
+        ]
+        silent = [
+            Rollout(silent_prompt, c, _logprobs(lm, silent_prompt, c, 1.0), 0.0)
+            for c in (_answer(lm, "21"), _answer(lm, "44"))
+        ]
+        opt = torch.optim.SGD(lm.module.parameters(), lr=0.0)
+        # No clipping: the comparison is of the raw gradients.
+        stats = train_step(
+            lm, opt, [group, silent] if with_silent else [group], GRPOConfig(max_grad_norm=1e9)
+        )
+        assert stats["rollouts_used"] == 2.0  # the silent group never reached the forward
+        grads.append([p.grad.clone() for p in lm.module.parameters()])
+    for alone, diluted in zip(*grads, strict=True):
+        assert torch.allclose(diluted, alone / 2, atol=1e-7)
+
+
 def test_behaviour_logprobs_must_match_the_completion() -> None:
     lm = _lm()
     prompt = prompt_ids(lm.tokenizer, "rev 5=")
