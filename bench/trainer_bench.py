@@ -254,6 +254,9 @@ def run_real(
     them up; `saved` gets the section after each run, which takes 10-15 minutes."""
     s = LocalNetworkSettings(model="smollm2", steps=steps, eval_tasks=eval_tasks)
     init_dir = prepare_model(s, say=lambda _m: None)
+    for side in ("network", "trl"):  # a section written before runs were kept per seed
+        if side in out:
+            out[side] = _summary(_stored_runs(out[side]))
     start: float | None = None
     # Seed by seed, both sides: an interrupted bench leaves pairs.
     for seed in seeds:
