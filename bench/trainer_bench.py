@@ -393,7 +393,7 @@ def plot_real(real: dict, path: Path) -> None:
             ax.plot([x - xs[0] for x in xs], ys, color=colour, alpha=0.3, linewidth=0.8)
         xs, ys = zip(*r["reward_curve"], strict=True)
         label = (
-            f"{name} ({len(r['runs'])} seeds): {r['completions_per_s']:.2f} completions/s, "
+            f"{name} (mean of {len(r['runs'])}): {r['completions_per_s']:.2f} completions/s, "
             f"held-out {r['heldout_start']:.3f} -> {r['heldout_end']:.3f}"
         )
         ax.plot([x - xs[0] for x in xs], ys, marker=".", color=colour, label=label)
