@@ -254,14 +254,11 @@ def run_real(
     them up; `saved` gets the section after each run, which takes 10-15 minutes."""
     s = LocalNetworkSettings(model="smollm2", steps=steps, eval_tasks=eval_tasks)
     init_dir = prepare_model(s, say=lambda _m: None)
-    for side in ("network", "trl"):  # a section written before runs were kept per seed
-        if side in out:
-            out[side] = _summary(_stored_runs(out[side]))
     start: float | None = None
     # Seed by seed, both sides: an interrupted bench leaves pairs.
     for seed in seeds:
         for side in [p.removeprefix("real-") for p in ("real-network", "real-trl") if p in parts]:
-            runs = _stored_runs(out.get(side))
+            runs = dict(out.get(side, {}).get("runs", {}))
             seeded = s.model_copy(update={"task_seed": seed})
             print(
                 f"{side} on SmolLM2, seed {seed}, {steps} steps or {budget_s:.0f} s ...",
@@ -305,15 +302,6 @@ def _run_trl(init_dir: Path, s: LocalNetworkSettings, seed: int, budget_s: float
     from trl_baseline import run_trl
 
     return run_trl(init_dir, s, seed=seed, budget_s=budget_s)
-
-
-def _stored_runs(side: dict | None) -> dict[str, dict]:
-    """A side's runs by seed; a result written before runs were kept per seed is seed 0's."""
-    if not side:
-        return {}
-    if "runs" in side:
-        return dict(side["runs"])
-    return {"0": side}
 
 
 def _summary(runs: dict[str, dict]) -> dict:
