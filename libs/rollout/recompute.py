@@ -22,6 +22,7 @@ the declared precision, the path an `hf` worker sampled on, for suspects only.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,39 +30,36 @@ import torch
 from transformers import DynamicCache
 
 from prime_swarm.libs.model.causal_lm import CausalLM
-from prime_swarm.libs.rl.forward import completion_hidden
+from prime_swarm.libs.rl.forward import completion_hidden_shared, distinct_prompts
 
 PromptCompletion = tuple[Sequence[int], Sequence[int]]
 
-PROOF_WIDTH_MULTIPLE = 32
-"""The fp32 reference pads every sequence to a multiple of this many tokens and batches only
-sequences of one padded width together (fp32 moves by ~1e-7 with the batch: no bf16 ulp)."""
-
-
-def _width(pair: PromptCompletion) -> int:
-    n = len(pair[0]) + len(pair[1])
-    return -(-n // PROOF_WIDTH_MULTIPLE) * PROOF_WIDTH_MULTIPLE
+REFERENCE_CHUNK_TOKENS = 16384
+"""The fp32 reference forwards at most about this many prompt and completion tokens at once, so
+its memory stays bounded however many groups a validator batch holds."""
 
 
 @torch.no_grad()
-def _hidden(
-    lm: CausalLM, pairs: Sequence[PromptCompletion], precision: str, alone: bool = False
-) -> list[torch.Tensor]:
-    """[L, C] fp32 copies of the hidden states at `precision`: one padded forward per padded
-    width, or (`alone`) one unpadded forward per sequence."""
-    out: list[torch.Tensor | None] = [None] * len(pairs)
-    buckets: dict[int, list[int]] = {}
-    for i, pair in enumerate(pairs):
-        buckets.setdefault(i if alone else _width(pair), []).append(i)
-    model = lm.cast(precision)
-    for idx in buckets.values():
-        multiple = 1 if alone else PROOF_WIDTH_MULTIPLE
-        hidden, _, _ = completion_hidden(model, [pairs[i] for i in idx], multiple)
-        for row, i in enumerate(idx):
-            out[i] = hidden[row, : len(pairs[i][1])].float().cpu()
-    return [h for h in out if h is not None]
+def _reference_hidden(lm: CausalLM, pairs: Sequence[PromptCompletion]) -> list[torch.Tensor]:
+    """[L, C] fp32 hidden states of every pair, each distinct prompt forwarded once per chunk and
+    its completions batched on its cached keys (`completion_hidden_shared`): a group of G costs
+    P + G*C tokens, not G*(P + C). fp32 moves by ~1e-7 with the batch: no bf16 ulp."""
+    model = lm.cast("fp32")
+    out: list[torch.Tensor] = []
+    start = 0
+    while start < len(pairs):
+        stop, tokens = start, 0
+        while stop < len(pairs) and (stop == start or tokens < REFERENCE_CHUNK_TOKENS):
+            tokens += len(pairs[stop][0]) + len(pairs[stop][1])
+            stop += 1
+        chunk = pairs[start:stop]
+        hidden, _, _ = completion_hidden_shared(model, chunk)
+        out.extend(hidden[i, : len(c)].float().cpu() for i, (_, c) in enumerate(chunk))
+        start = stop
+    return out
 
 
+@torch.no_grad()
 def prefill_hidden(
     lm: CausalLM, sequences: Sequence[PromptCompletion], precision: str = "bf16"
 ) -> list[torch.Tensor]:
@@ -69,12 +67,34 @@ def prefill_hidden(
     what a proof commits to, computed the same way by the worker that proves and the validator
     that checks.
 
-    One forward per sequence, alone: in bf16 a batch's shape moves every row's numbers (SmolLM2
-    on this CPU: a sequence prefilled with 5 others against alone pooled 1.17-1.42 ulp apart,
-    as far as from the fp32 reference, while 1 and 2 threads agree bit for bit). Alone, a
-    sequence's numbers depend on nothing but itself, so a worker and a validator of one device
-    class compute them identically however each batches its work."""
-    return [h.to(torch.bfloat16) for h in _hidden(lm, sequences, precision, alone=True)]
+    Each distinct prompt is forwarded alone once; each of its completions is then forwarded
+    alone on a copy of the prompt's cached keys and values. Alone, because in bf16 a batch's
+    shape moves every row's numbers (SmolLM2 on this CPU: a sequence prefilled with 5 others
+    against alone pooled 1.17-1.42 ulp apart, as far as from the fp32 reference, while 1 and 2
+    threads agree bit for bit): a completion's numbers depend on nothing but its prompt and
+    itself, so a worker and a validator of one device class compute them identically however
+    each batches its work. Sharing the prompt's prefill across its group costs P + G*C tokens
+    instead of G*(P + C), for the worker and the validator alike."""
+    model = lm.cast(precision)
+    device = model.device
+    prompts, owner = distinct_prompts(sequences)
+    out: list[torch.Tensor | None] = [None] * len(sequences)
+    for j, prompt in enumerate(prompts):
+        if not prompt:
+            raise ValueError("every prompt needs at least one token")
+        cache = DynamicCache(config=model.config)
+        ids = torch.as_tensor([prompt], dtype=torch.long, device=device)
+        # The prompt's last position predicts each completion's first token.
+        first = model.final_hidden(ids, None, None, cache)[0, -1:]
+        for i in (i for i, o in enumerate(owner) if o == j):
+            tail = list(sequences[i][1])[:-1]
+            hidden = first
+            if tail:
+                ids = torch.as_tensor([tail], dtype=torch.long, device=device)
+                rest = model.final_hidden(ids, None, None, copy.deepcopy(cache))[0]
+                hidden = torch.cat([first, rest])
+            out[i] = hidden.to(torch.bfloat16).cpu()
+    return [h for h in out if h is not None]
 
 
 @dataclass
@@ -92,9 +112,9 @@ def recompute(lm: CausalLM, pairs: Sequence[PromptCompletion], precision: str) -
     if not pairs:
         return []
     torch.backends.cuda.matmul.allow_tf32 = False  # the reference is fp32, not TF32
-    reference = _hidden(lm, pairs, "fp32")
+    reference = _reference_hidden(lm, pairs)
     # The declared precision exactly as the worker's proof prefill computes it.
-    declared = reference if precision == "fp32" else _hidden(lm, pairs, precision, alone=True)
+    declared = reference if precision == "fp32" else prefill_hidden(lm, pairs, precision)
     return [
         Recomputed(ref, dec.to(torch.bfloat16))
         for ref, dec in zip(reference, declared, strict=True)
