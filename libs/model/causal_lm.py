@@ -157,13 +157,17 @@ class CausalLM:
         if self.dtype == dtype:
             return self
         if dtype not in self._casts:
-            module = copy.deepcopy(self.module).eval()
             # Parameters only, as `from_pretrained(dtype=...)` leaves the model: buffers such as
             # RoPE's inv_freq stay fp32. `module.to(dtype)` would round them too, turning every
             # rotation angle, and a worker that loaded in bf16 would disagree with a validator
-            # that cast to bf16 by about an ulp on half the values.
-            for param in module.parameters():
-                param.data = param.data.to(dtype)
+            # that cast to bf16 by about an ulp on half the values. The memo hands deepcopy each
+            # parameter already cast (tied ones stay tied: one entry per tensor), so the copy
+            # never holds a second full-precision model on the way.
+            memo: dict[int, object] = {
+                id(p): torch.nn.Parameter(p.data.to(dtype), requires_grad=p.requires_grad)
+                for p in self.module.parameters()
+            }
+            module = copy.deepcopy(self.module, memo).eval()
             self._casts[dtype] = CausalLM(module, self.tokenizer, self.source)
         return self._casts[dtype]
 
