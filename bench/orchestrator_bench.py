@@ -86,6 +86,7 @@ from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.libs.streams.consumer import ensure_group
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
+    PROTOCOL_VERSION,
     Heartbeat,
     LeaseRequest,
     RegisterRequest,
@@ -257,7 +258,7 @@ class SimWorker:
         # Built as text, so the client spends no pydantic time per request; the main process
         # parses one with `RolloutSubmission` (unknown fields refused) before the run.
         return (
-            f'{{"protocol_version":1,"lease_id":"{lease_id}","worker":"{self.address}",'
+            f'{{"protocol_version":{PROTOCOL_VERSION},"lease_id":"{lease_id}","worker":"{self.address}",'
             f'"pool_id":{self.cfg.pool_id},"task_id":{json.dumps(task_id)},'
             f'"policy_version":{self.cfg.policy_version},"backend":"hf","precision":"bf16",'
             f'"prompt_token_ids":{self.prompt},"completions":{self.completions}}}'
@@ -329,7 +330,7 @@ class SimWorker:
     async def submit_batch(self, rec: Recorder, n: int) -> None:
         subs = [self.submission_json(*self.stock.popleft()) for _ in range(n)]
         body = (
-            f'{{"protocol_version":1,"worker":"{self.address}","pool_id":{self.cfg.pool_id},'
+            f'{{"protocol_version":{PROTOCOL_VERSION},"worker":"{self.address}","pool_id":{self.cfg.pool_id},'
             f'"submissions":[{",".join(subs)}]}}'
         ).encode()
         status, data = await self.post(rec, "submit_batch", "/v1/submit/batch", body)

@@ -22,7 +22,10 @@ from pydantic import (
     model_validator,
 )
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: a TOPLOC proof commits to the prefill that forwards the prompt once and each completion on
+its cached keys (libs/rollout/recompute.prefill_hidden); a version-1 worker's proofs would fail
+a same-class validator's bit-exact check, so it is refused at the door (422), never slashed."""
 
 Address = Annotated[
     str,
@@ -56,7 +59,7 @@ class Message(BaseModel):
 
 
 class Versioned(Message):
-    protocol_version: Literal[1] = Field(
+    protocol_version: Literal[2] = Field(
         default=PROTOCOL_VERSION, description="Wire protocol version; bumped on breaking changes."
     )
 

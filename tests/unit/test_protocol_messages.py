@@ -65,6 +65,11 @@ def test_unknown_fields_and_wrong_protocol_version_are_refused() -> None:
         Lease.model_validate({**data, "surprise": 1})
     with pytest.raises(ValidationError):
         Lease.model_validate({**data, "protocol_version": 99})
+    # A version-1 worker proves over another prefill: refused at the door, never judged.
+    with pytest.raises(ValidationError):
+        RolloutSubmission.model_validate(
+            {**make_submission([1]).model_dump(mode="json"), "protocol_version": 1}
+        )
 
 
 def test_bad_address_and_bad_base64_are_refused() -> None:
