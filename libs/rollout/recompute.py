@@ -87,13 +87,14 @@ def prefill_hidden(
         # The prompt's last position predicts each completion's first token.
         first = model.final_hidden(ids, None, None, cache)[0, -1:]
         for i in (i for i, o in enumerate(owner) if o == j):
-            tail = list(sequences[i][1])[:-1]
+            completion = list(sequences[i][1])
             hidden = first
-            if tail:
-                ids = torch.as_tensor([tail], dtype=torch.long, device=device)
+            if len(completion) > 1:
+                # Every completion token but the last predicts the next one.
+                ids = torch.as_tensor([completion[:-1]], dtype=torch.long, device=device)
                 rest = model.final_hidden(ids, None, None, copy.deepcopy(cache))[0]
                 hidden = torch.cat([first, rest])
-            out[i] = hidden.to(torch.bfloat16).cpu()
+            out[i] = hidden[: len(completion)].to(torch.bfloat16).cpu()
     return [h for h in out if h is not None]
 
 
