@@ -150,6 +150,8 @@ class LocalNetwork:
                 "PRIME_TRAINER_MAX_STEPS": str(self.s.steps),
                 "PRIME_TRAINER_GROUPS_PER_STEP": str(self.s.groups_per_step),
                 "PRIME_TRAINER_LR": str(self.s.lr),
+                "PRIME_TRAINER_PUBLISH_PRECISION": self.s.publish_precision,
+                "PRIME_TRAINER_SHARD_SIZE": str(self.s.shard_size),
                 "PRIME_TRAINER_SEED": str(self.s.task_seed),
                 "PRIME_TRAINER_FILTER_ZERO_VARIANCE": str(self.s.filter_zero_variance).lower(),
                 "PRIME_TRAINER_METRICS_PORT": str(free_port()),

@@ -1,6 +1,8 @@
 """The trainer's checkpoints: one directory per version, written whole or not at all.
 
-    <root>/v<N>/model/              the HF model directory that is published as version N
+    <root>/v<N>/model/              the HF model directory of the master weights (resume, eval)
+    <root>/v<N>/published/          the same in the published precision, when that differs:
+                                    what is shipped as version N (else model/ is)
     <root>/v<N>/trainer_state.pt    optimizer, scheduler, RNG, step, the submissions trained
 
 Everything of a version is written into a hidden sibling and renamed into place, so a kill -9 at
@@ -24,6 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 STATE_FILE = "trainer_state.pt"
 MODEL_DIR = "model"
+PUBLISHED_DIR = "published"
 
 
 @dataclass
@@ -44,6 +47,13 @@ def version_dir(root: Path, version: int) -> Path:
 
 def model_dir(root: Path, version: int) -> Path:
     return version_dir(root, version) / MODEL_DIR
+
+
+def published_dir(root: Path, version: int) -> Path:
+    """The model directory shipped as `version`: the published-precision copy if one was
+    written, else the master weights."""
+    published = version_dir(root, version) / PUBLISHED_DIR
+    return published if published.is_dir() else model_dir(root, version)
 
 
 def saved_versions(root: Path) -> list[int]:
@@ -79,16 +89,33 @@ def save_checkpoint(
     tokenizer: PreTrainedTokenizerBase,
     state: TrainerState,
     weights: dict[str, torch.Tensor] | None = None,
+    publish_dtype: torch.dtype | None = None,
 ) -> Path:
     """Write version `state.step` atomically; `weights` (a detached snapshot) replaces the
-    module's live parameters, so a background thread can save while the next step trains."""
+    module's live parameters, so a background thread can save while the next step trains.
+    With `publish_dtype` other than the weights' own, a copy of the model in that dtype is
+    written beside them for publishing (`published_dir`)."""
     root.mkdir(parents=True, exist_ok=True)
     final = version_dir(root, state.step)
     tmp = Path(tempfile.mkdtemp(prefix=f".v{state.step}.tmp-", dir=root))
     try:
         os.chmod(tmp, 0o755)
-        module.save_pretrained(tmp / MODEL_DIR, state_dict=weights, safe_serialization=True)
+        master = weights if weights is not None else module.state_dict()
+        cast = None
+        if publish_dtype is not None and any(
+            t.is_floating_point() and t.dtype != publish_dtype for t in master.values()
+        ):
+            cast = {
+                k: t.to(publish_dtype) if t.is_floating_point() else t for k, t in master.items()
+            }
+        # save_pretrained empties the state dict it is handed: each call gets its own.
+        module.save_pretrained(tmp / MODEL_DIR, state_dict=dict(master), safe_serialization=True)
         tokenizer.save_pretrained(tmp / MODEL_DIR)
+        if cast is not None:
+            # The same config and tokenizer files as model/: a client's fast reload path
+            # (libs/model/io.load_weights_like) only needs the weights to change.
+            module.save_pretrained(tmp / PUBLISHED_DIR, state_dict=cast, safe_serialization=True)
+            tokenizer.save_pretrained(tmp / PUBLISHED_DIR)
         torch.save(state.__dict__, tmp / STATE_FILE)
         _fsync_tree(tmp)
         if final.exists():  # a crash after this rename's predecessor: replace it whole

@@ -13,6 +13,7 @@ from collections import Counter
 import torch
 from eth_account.signers.local import LocalAccount
 
+from prime_swarm.libs.model.causal_lm import PRECISIONS
 from prime_swarm.libs.model.io import load_pretrained
 from prime_swarm.libs.rl import checkpoint as ckpt
 from prime_swarm.libs.rl.advantages import is_informative
@@ -96,7 +97,9 @@ class Trainer:
         if not versions:
             model = load_pretrained(self.s.init_model_dir)
             step, state = 0, ckpt.TrainerState(step=0)
-            ckpt.save_checkpoint(self.root, model.module, model.tokenizer, state)
+            ckpt.save_checkpoint(
+                self.root, model.module, model.tokenizer, state, publish_dtype=self._publish_dtype
+            )
         else:
             step = versions[-1]
             model = load_pretrained(ckpt.model_dir(self.root, step))
@@ -127,17 +130,26 @@ class Trainer:
 
     def _save(self, snap: Snapshot) -> None:
         ckpt.save_checkpoint(
-            self.root, self.model.module, self.model.tokenizer, snap.state, snap.weights
+            self.root,
+            self.model.module,
+            self.model.tokenizer,
+            snap.state,
+            snap.weights,
+            publish_dtype=self._publish_dtype,
         )
+
+    @property
+    def _publish_dtype(self) -> torch.dtype:
+        return PRECISIONS[self.s.publish_precision]
 
     def publish(self, version: int) -> None:
         """Push saved version `version` to the origin and announce it, with deltas against the
         version published before it where that is still on disk."""
         parent = self._last_published if version > 0 else None
-        parent_dir = ckpt.model_dir(self.root, parent) if parent is not None else None
+        parent_dir = ckpt.published_dir(self.root, parent) if parent is not None else None
         signed = publish_version(
             self.s.origin_url,
-            ckpt.model_dir(self.root, version),
+            ckpt.published_dir(self.root, version),
             version=version,
             parent_version=parent,  # the version shipped before
             account=self.account,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -60,6 +61,13 @@ class TrainerSettings(BaseSettings):
         "solved task set must not stall the trainer forever.",
     )
     shard_size: int = Field(1 << 20, gt=0, description="SHARDCAST shard size in bytes.")
+    publish_precision: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="Precision of the weights shipped to workers and validators (the master "
+        "weights and their checkpoint stay fp32). bf16 halves every transfer and lets a small "
+        "step ship as a delta (most bf16 values do not move), for pools whose workers compute "
+        "in bf16 anyway; the validators then judge against the weights actually shipped.",
+    )
     keep_checkpoints: int = Field(4, ge=1, description="Local versions kept on disk.")
     consumer: str = Field("trainer-0", description="Consumer name in the trainer group.")
     reclaim_idle_ms: int = Field(30_000, description="Reclaim entries idle this long.")
