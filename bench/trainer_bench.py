@@ -353,6 +353,8 @@ def _real_config(steps: int, budget_s: float, s: LocalNetworkSettings) -> dict:
         "network_workers": f"{s.workers} x {','.join(s.worker_backends)}",
         "network_async_level": recipe.async_level,
         "network_ratio_against": LossConfig().ratio_against,
+        "network_trainer_threads": s.trainer_threads,
+        "network_publish": f"{s.publish_precision} in {s.shard_size >> 20} MiB shards",
         "machine": machine(),
     }
 

@@ -151,6 +151,7 @@ class LocalNetwork:
                 "PRIME_TRAINER_GROUPS_PER_STEP": str(self.s.groups_per_step),
                 "PRIME_TRAINER_LR": str(self.s.lr),
                 "PRIME_TRAINER_PUBLISH_PRECISION": self.s.publish_precision,
+                "PRIME_TRAINER_THREADS": str(self.s.trainer_threads),
                 "PRIME_TRAINER_SHARD_SIZE": str(self.s.shard_size),
                 "PRIME_TRAINER_SEED": str(self.s.task_seed),
                 "PRIME_TRAINER_FILTER_ZERO_VARIANCE": str(self.s.filter_zero_variance).lower(),

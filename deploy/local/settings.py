@@ -31,11 +31,16 @@ REAL_MODEL_PRESET: dict[str, Any] = {
     # all-right group adds no gradient and costs the step nothing: its rollouts skip the forward).
     "filter_zero_variance": False,
     # The workers compute in bf16 (vLLM), so shipping fp32 moved twice the bytes for nothing:
-    # 540 MB a version through the origin, the relay and both clients was about a third of
-    # all CPU on 2 cores. In bf16, a step at lr 5e-6 moves few values, and the clients take a
-    # delta; 16 MiB shards cut the per-request work of what is still shipped whole.
+    # 540 MB a version in 1 MiB shards cost the origin and the relay 8.3 CPU-s a step of the
+    # ~57 all services spent. In bf16 a step at lr 5e-6 moves few values and the clients take
+    # a delta (4.8 MB against 311 MB whole); 16 MiB shards cut the per-request work of what
+    # is still shipped whole: 1.5 CPU-s a step.
     "publish_precision": "bf16",
     "shard_size": 16 << 20,
+    # A step of 64 completions is ~20 CPU-s of fp32 forward and backward: on one thread the
+    # trainer was the pipeline's bottleneck (27.6 s a step in a 12-step run), on two it takes
+    # the second core whenever generation and validation leave it (25.8 s).
+    "trainer_threads": 2,
     "timeout_s": 3600.0,
 }
 REAL_MODEL_RECIPE: dict[str, Any] = {
@@ -125,6 +130,12 @@ class LocalNetworkSettings(BaseSettings):
         True,
         description="The trainer drops groups whose rewards are all equal and waits for "
         "informative ones (off: it trains on whatever groups come, as TRL does).",
+    )
+    trainer_threads: int = Field(
+        1,
+        ge=1,
+        description="The trainer's torch intra-op threads (PRIME_TRAINER_THREADS); every other "
+        "service computes on one.",
     )
     publish_precision: Literal["fp32", "bf16"] = Field(
         "fp32",
