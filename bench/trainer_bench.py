@@ -130,14 +130,26 @@ def run_network(
         "cpu_ms_per_trained_completion": round(
             1000 * sum(v - at_first.get(k, 0.0) for k, v in cpu.items()) / max(trained, 1), 2
         ),
-        # What the loss did with the batches, averaged over the steps: how much the PPO clip and
-        # the importance weights (engine mismatch and, decoupled, staleness) shaped the update.
-        "loss_stats": {
-            k: round(statistics.mean(r.stats.get(k, 0.0) for r in rows), 4)
-            for k in ("stale_clip_frac", "clip_frac", "is_weight_mean", "is_truncated_frac")
-        },
+        # What the loss did with the batches, per trained token over the run: how much the PPO
+        # clip and the importance weights (engine mismatch and, decoupled, staleness) shaped the
+        # update. Weighted by tokens: a step whose groups all had zero advantage trains none and
+        # reports zeros (a plain mean over steps read 0.958 for the weight, one such step in 24).
+        "loss_stats": _per_token(
+            rows, ("stale_clip_frac", "clip_frac", "is_weight_mean", "is_truncated_frac")
+        ),
         # (seconds since the first step, mean sampled reward) at each step.
         "reward_curve": [[round(r.wall - first.wall, 1), round(r.mean_reward, 4)] for r in rows],
+    }
+
+
+def _per_token(rows: list, keys: tuple[str, ...]) -> dict[str, float]:
+    """Each step's per-token statistic, averaged over the run's trained tokens."""
+    tokens = sum(r.stats.get("tokens", 0.0) for r in rows)
+    return {
+        k: round(sum(r.stats.get(k, 0.0) * r.stats.get("tokens", 0.0) for r in rows) / tokens, 4)
+        if tokens
+        else 0.0
+        for k in keys
     }
 
 
