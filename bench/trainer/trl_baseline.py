@@ -143,9 +143,9 @@ def run_trl(
             # beta=0: no KL term, so TRL builds no reference model (our trainer has none either).
             beta=0.0,
             # Plain GRPO as ours computes it: loss_type="dapo" (TRL's default) averages the
-            # clipped surrogate over every completion token of the step (our token-level mean;
-            # TRL also counts the zero-advantage groups' tokens in the denominator, ours drops
-            # them), scale_rewards="group" divides by the group's std (TRL: Bessel-corrected,
+            # clipped surrogate over every completion token of the step, the zero-advantage
+            # groups' tokens counted in the denominator as ours counts them (grpo.plan_step),
+            # scale_rewards="group" divides by the group's std (TRL: Bessel-corrected,
             # eps 1e-4; ours: population std, eps 1e-6), and epsilon is the PPO clip. With
             # num_iterations=1 the ratio is exactly 1 (on-policy), so the clip never binds.
             loss_type="dapo",

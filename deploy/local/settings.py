@@ -30,9 +30,10 @@ REAL_MODEL_PRESET: dict[str, Any] = {
     # Every group the trainer takes is trained on, as TRL's GRPOTrainer does (an all-wrong or
     # all-right group adds no gradient and costs the step nothing: its rollouts skip the forward).
     "filter_zero_variance": False,
-    # The workers compute in bf16 (vLLM), so shipping fp32 moved twice the bytes for nothing:
-    # 540 MB a version in 1 MiB shards cost the origin and the relay 8.3 CPU-s a step of the
-    # ~57 all services spent. In bf16 a step at lr 5e-6 moves few values and the clients take
+    # Workers on CPUs with native bf16 compute in it (vLLM), and those without compute fp32 from
+    # bf16-rounded weights just as well (no rejections either way), so shipping fp32 moved twice
+    # the bytes for nothing: 540 MB a version in 1 MiB shards cost the origin and the relay
+    # 8.3 CPU-s a step of the ~57 all services spent. In bf16 a step at lr 5e-6 moves few values and the clients take
     # a delta (4.8 MB against 311 MB whole); 16 MiB shards cut the per-request work of what
     # is still shipped whole: 1.5 CPU-s a step.
     "publish_precision": "bf16",
