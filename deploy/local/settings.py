@@ -33,9 +33,9 @@ REAL_MODEL_PRESET: dict[str, Any] = {
     # Workers on CPUs with native bf16 compute in it (vLLM), and those without compute fp32 from
     # bf16-rounded weights just as well (no rejections either way), so shipping fp32 moved twice
     # the bytes for nothing: 540 MB a version in 1 MiB shards cost the origin and the relay
-    # 8.3 CPU-s a step of the ~57 all services spent. In bf16 a step at lr 5e-6 moves few values and the clients take
-    # a delta (4.8 MB against 311 MB whole); 16 MiB shards cut the per-request work of what
-    # is still shipped whole: 1.5 CPU-s a step.
+    # 8.3 CPU-s a step of the ~57 all services spent. In bf16 a step at lr 5e-6 moves few
+    # values and the clients take a delta (4.8 MB against 311 MB whole); 16 MiB shards cut the
+    # per-request work of what is still shipped whole: 1.5 CPU-s a step.
     "publish_precision": "bf16",
     "shard_size": 16 << 20,
     # A step of 64 completions is ~20 CPU-s of fp32 forward and backward: on one thread the
