@@ -196,22 +196,10 @@ def main() -> None:
     if args.out.exists():  # --only reruns one part and keeps the others
         result = json.loads(args.out.read_text())
 
-    tiny = (
-        {"sync", "async", "trl"} if args.only is None else set(args.only) & {"sync", "async", "trl"}
-    )
-
-    def write() -> None:
-        """After every section: a section that fails later loses nothing already measured.
-        The top-level config describes the tiny sections' machine: a run of `real` alone
-        (which records its own) leaves it as it was."""
-        if tiny or "config" not in result:
-            result["config"] = tiny_config()
-        result["ratios"] = _ratios(result)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-
-    def tiny_config() -> dict:
-        return {
+    # The top-level config describes the tiny sections' machine: a run of `real` alone (which
+    # records its own) leaves it as it was.
+    if args.only is None or {"sync", "async", "trl"} & set(args.only) or "config" not in result:
+        result["config"] = {
             "steps": args.steps,
             "prompts_per_step": args.prompts,
             "group_size": recipe.group_size,
@@ -222,6 +210,12 @@ def main() -> None:
             # The workers' `--precision auto`: emulated bf16 costs 2.3x fp32 per generation.
             "worker_precision": native_precision("cpu"),
         }
+
+    def write() -> None:
+        """After every section: a section that fails later loses nothing already measured."""
+        result["ratios"] = _ratios(result)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
 
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
         for name, level in (("sync", 0), ("async", recipe.async_level or 2)):
