@@ -61,6 +61,7 @@ class PolicyStore:
         self._relays: RelayPool | None = None
         self._fetching: threading.Thread | None = None
         self._not_yet: set[int] = set()  # versions a prefetch found on no relay yet
+        self._closing = threading.Event()
 
     def relay_pool(self, urls: list[str]) -> RelayPool:
         """One pool per relay list, so a relay demoted for bad bytes stays demoted."""
@@ -75,7 +76,13 @@ class PolicyStore:
         level = RELAY_EVENT_LEVELS.get(kind, logging.WARNING)
         log.log(level, "relay %s: %s", kind, reason, extra={"fields": {"relay": url}})
 
-    def download(self, version: int, relays: list[str], progress: ProgressFn | None = None) -> None:
+    def download(
+        self,
+        version: int,
+        relays: list[str],
+        progress: ProgressFn | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
         """Fetch and verify `version`'s files into the cache without loading them. Safe on a
         background thread: loading is not (transformers switches torch's process-wide default
         dtype while it builds a model, which breaks a generation running meanwhile)."""
@@ -97,6 +104,7 @@ class PolicyStore:
                 manifest=signed,
                 overwrite=True,
                 held=self._held_files(version),
+                stop=stop,
             )
         except Exception as exc:
             raise PolicyError(f"could not fetch policy v{version}: {exc}") from exc
@@ -124,18 +132,30 @@ class PolicyStore:
             busy = self._fetching
             if busy is not None and busy.is_alive():
                 return busy
-            if version in self._loaded or version in self._downloaded:
+            if self._closing.is_set() or version in self._loaded or version in self._downloaded:
                 return None
 
             def fetch() -> None:
                 try:
-                    self.download(version, relays)
+                    self.download(version, relays, stop=self._closing)
                 except PolicyError as exc:
-                    self._prefetch_failed(version, exc)
+                    if not self._closing.is_set():
+                        self._prefetch_failed(version, exc)
 
             self._fetching = threading.Thread(target=fetch, name="policy-prefetch", daemon=True)
             self._fetching.start()
             return self._fetching
+
+    def close(self) -> None:
+        """Cancel a prefetch in flight and wait for its thread. A daemon thread still running
+        when the interpreter finalizes is killed inside whatever native call it is in, which
+        can abort the process ("terminate called without an active exception") after a clean
+        stop."""
+        self._closing.set()
+        with self._lock:
+            busy = self._fetching
+        if busy is not None:
+            busy.join()
 
     def _prefetch_failed(self, version: int, exc: PolicyError) -> None:
         """A version announced before the relays hold it is routine (they poll their parents):

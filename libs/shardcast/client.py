@@ -30,7 +30,7 @@ from prime_swarm.protocol.messages import (
 
 from . import delta, routes
 from .errors import NotAvailableError, ShardHashError
-from .fetch import ShardTask, fetch_all
+from .fetch import Cancelled, ShardTask, fetch_all
 from .manifest import READ_CHUNK, check_layout, delta_for
 from .output import OutputFile
 from .relays import RelayPool, as_pool
@@ -282,6 +282,7 @@ def download_version(
     http: httpx.Client | None = None,
     wait_s: float | None = None,
     held: HeldFiles | None = None,
+    stop: threading.Event | None = None,
 ) -> Path:
     """Download, verify and atomically install a policy version as a model directory.
 
@@ -296,7 +297,8 @@ def download_version(
     checked that the shards tile each file exactly, so the installed files are exactly the signed
     ones; `verify_files=True` re-hashes whole files on top (a second sha256 pass, for audits).
     Files the signed manifest shares with `held` (same name, size and sha256) are linked from
-    there rather than fetched.
+    there rather than fetched. Setting `stop` cancels the download between transfers (raising
+    `Cancelled`, nothing installed), so a process can end without a fetch still running.
     `http` (httpx) carries the manifest; shard bodies always travel on a `ShardTransport`.
     """
     if wait_s is None:
@@ -328,7 +330,7 @@ def download_version(
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.partial-"))
         try:
-            _download_into(transport, pool, signed, staging, opts, progress, held)
+            _download_into(transport, pool, signed, staging, opts, progress, held, stop)
             if verify_files:
                 _verify_files(signed, staging)
             _install(staging, out_dir)
@@ -350,6 +352,7 @@ def _download_into(
     opts: FetchOptions,
     progress: Progress | None,
     held: HeldFiles | None = None,
+    stop: threading.Event | None = None,
 ) -> None:
     m = signed.manifest
     total = sum(f.size for f in m.files)
@@ -380,6 +383,7 @@ def _download_into(
             lambda t: _RegionSink(outs[t.file.name], t.shard),
             opts,
             on_shard_done=shard_done,
+            stop=stop,
         )
 
     try:
@@ -397,6 +401,8 @@ def _download_into(
             else:
                 whole.append(f)
         fetch(whole + [d.delta for _, d, _ in rebuilds])
+        if stop is not None and stop.is_set():
+            raise Cancelled("download cancelled")  # fetch_all returns early with no transfers
         failed = [f for f, d, parent in rebuilds if not _rebuild(f, d, parent, staging)]
         if failed:  # a delta that does not rebuild the signed file: fetch the file itself
             total += sum(f.size for f in failed)

@@ -170,6 +170,9 @@ class Worker:
             self._work(client, outage)
         finally:
             self.stop.set()
+            if self.store is not None:
+                self.store.close()
+            hb.join(self.s.http_timeout_s)  # a heartbeat in flight ends before its client closes
             client.close()
             log.info(
                 "worker stopped",

@@ -164,6 +164,47 @@ def test_a_prefetch_ahead_of_the_relays_is_said_once(
     assert not [r for r in caplog.records if r.name == "policy" and r.levelno >= logging.WARNING]
 
 
+def test_closing_a_policy_store_cancels_its_download(
+    work: Path, servers: dict[str, Server], v1: tuple[Path, SignedManifest], trainer: LocalAccount
+) -> None:
+    """A worker stopping mid-prefetch cancels the download rather than leave a thread running
+    into interpreter shutdown (which aborted a stopped worker): the transfers not yet started
+    are dropped, nothing is installed, and a closed store starts no more prefetches."""
+    import threading
+
+    from prime_swarm.libs.policy.store import PolicyStore
+    from prime_swarm.libs.shardcast.fetch import Cancelled
+
+    relay = servers["relay_a"].url
+    wait_for_version(relay, 1, timeout_s=20)
+    stop = threading.Event()
+    shards: list[int] = []
+
+    def first_shard_then_stop(done: int, total: int) -> None:
+        shards.append(done)
+        stop.set()
+
+    out = work / "dl_cancelled"
+    with pytest.raises(Cancelled):
+        download_version(
+            [relay],
+            1,
+            out,
+            trainer.address,
+            timeout_s=5,
+            max_workers=1,
+            progress=first_shard_then_stop,
+            stop=stop,
+        )
+    total = sum(f.size for f in v1[1].manifest.files)
+    assert len(shards) == 1 and shards[0] < total  # one transfer, then no more
+    assert not out.exists() and not list(work.glob(".dl_cancelled.partial-*"))
+
+    store = PolicyStore(work / "policy_store_closed", trainer.address, timeout_s=5)
+    store.close()
+    assert store.prefetch(1, [relay]) is None and not store.is_downloaded(1)
+
+
 def test_publish_pull_download_identical(
     work: Path, servers: dict[str, Server], v1: tuple[Path, SignedManifest], trainer: LocalAccount
 ) -> None:
