@@ -133,7 +133,8 @@ def run_network(
         # What the loss did with the batches, per trained token over the run: how much the PPO
         # clip and the importance weights (engine mismatch and, decoupled, staleness) shaped the
         # update. Weighted by tokens: a step whose groups all had zero advantage trains none and
-        # reports zeros (a plain mean over steps read 0.958 for the weight, one such step in 24).
+        # counts for nothing (a plain mean over steps once read 0.958 for the weight: such a step
+        # reported 0 then, 1 now).
         "loss_stats": _per_token(
             rows, ("stale_clip_frac", "clip_frac", "is_weight_mean", "is_truncated_frac")
         ),

@@ -184,7 +184,9 @@ SUMMED += ("is_weight_sum", "is_masked", "is_truncated", "kl_sum", "entropy_sum"
 
 
 def merge_stats(parts: list[dict[str, float]], denominator: float) -> dict[str, float]:
-    """Micro-batch stats -> the step's: fractions per token, means, extremes."""
+    """Micro-batch stats -> the step's: fractions per token, means, extremes. A step that trained
+    no token (every group zero-advantage) reports ratios and importance weights of 1, as for
+    their extremes: the policy is unchanged, and a 0 read as a collapse on the dashboard."""
     total = {k: sum(p[k] for p in parts) for k in SUMMED}
     n = max(total["tokens"], 1.0)
     return {
@@ -195,10 +197,10 @@ def merge_stats(parts: list[dict[str, float]], denominator: float) -> dict[str, 
         "clip_delta_frac": total["clip_delta"] / n,
         "clip_frac": (total["clip_low"] + total["clip_high"]) / n,
         "stale_clip_frac": total["stale_clip"] / n,
-        "ratio_mean": total["ratio_sum"] / n,
+        "ratio_mean": total["ratio_sum"] / n if total["tokens"] else 1.0,
         "ratio_min": min((p["ratio_min"] for p in parts), default=1.0),
         "ratio_max": max((p["ratio_max"] for p in parts), default=1.0),
-        "is_weight_mean": total["is_weight_sum"] / n,
+        "is_weight_mean": total["is_weight_sum"] / n if total["tokens"] else 1.0,
         "is_weight_max": max((p["is_weight_max"] for p in parts), default=1.0),
         "is_masked_frac": total["is_masked"] / n,
         "is_truncated_frac": total["is_truncated"] / n,

@@ -28,6 +28,15 @@ def test_on_policy_loss_is_minus_mean_advantage_per_token() -> None:
     assert s["loss"] == pytest.approx(-0.25)
 
 
+def test_a_step_that_trained_no_token_reports_an_unchanged_policy() -> None:
+    """Every group zero-advantage: no micro-batch ran. Ratios and importance weights read 1 (a
+    0 plotted as a collapse), the loss and the fractions 0."""
+    s = merge_stats([], 0.0)
+    assert s["tokens"] == 0.0 and s["loss"] == 0.0 and s["clip_frac"] == 0.0
+    for k in ("ratio_mean", "ratio_min", "ratio_max", "is_weight_mean", "is_weight_max"):
+        assert s[k] == pytest.approx(1.0), k
+
+
 def test_two_sided_clip_with_different_epsilons() -> None:
     # eps_low 0.1, eps_high 0.3; ratios 1.5 and 0.5 under A=+2 and under A=-1.
     old = torch.zeros(2, 2, dtype=F64)
