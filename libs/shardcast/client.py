@@ -402,7 +402,7 @@ def _download_into(
                 whole.append(f)
         fetch(whole + [d.delta for _, d, _ in rebuilds])
         if stop is not None and stop.is_set():
-            raise Cancelled("download cancelled")  # fetch_all returns early with no transfers
+            raise Cancelled("download cancelled")  # before the rebuilds, the CPU-bound part
         failed = [f for f, d, parent in rebuilds if not _rebuild(f, d, parent, staging)]
         if failed:  # a delta that does not rebuild the signed file: fetch the file itself
             total += sum(f.size for f in failed)

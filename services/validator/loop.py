@@ -365,6 +365,7 @@ class Validator:
                 self.run_once(flush=False)
         finally:
             done.set()
+            self.store.close()  # no download left running into interpreter shutdown
             flusher.join()
 
     def _flush_loop(self, done: threading.Event) -> None:
