@@ -23,6 +23,7 @@ from prime_swarm.deploy.local.network import LocalNetwork
 from prime_swarm.deploy.local.settings import LocalNetworkSettings
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.localnet.process import ManagedProcess
+from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import Lease, StepProgress, Verdict, VerifiedRollout
 from prime_swarm.services.orchestrator.state import LEASE, OPEN_LEASES, REISSUED, SUBMITTED
@@ -131,6 +132,10 @@ def churned(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
         lease_batch=2,  # leases spread over the workers, so each holds some at any moment
         lease_ttl_s=4.0,
         warm_start_steps=60,
+        # A reissued task is work like any other: its redo refused as stale (this model steps
+        # every ~0.3 s) is dropped, not reissued again. That happened here (1 run in ~6): the
+        # reissue is what this run checks, so nothing in it goes stale.
+        recipe=Recipe(async_level=MAX_STEPS),
     )
     net = LocalNetwork(settings, prepare_model(settings), run_dir)
     try:
@@ -184,7 +189,7 @@ def test_two_validators_share_the_stream_without_colliding(churned) -> None:  # 
     assert ids and max(ids.values()) == 1  # no submission judged twice
     by_validator = Counter(v.validator.lower() for v in verdicts)
     assert set(by_validator) == {v.lower() for v in net.topo.validators}
-    assert {v.reason for v in verdicts if not v.accepted} <= {"stale_policy"}
+    assert all(v.accepted for v in verdicts)  # honest workers, nothing stale (see the fixture)
     # What the chain credits is exactly what the validators accepted, each item once.
     ledger = LedgerClient(net.topo.rpc_url, net.topo.ledger, account=None, timeout=30)
     # The audit path: every batch's items rebuilt from the chain alone and checked by root.
