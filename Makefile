@@ -17,7 +17,7 @@ ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 CHART_RENDER := .tools/chart-render
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup up test test-compose test-all images bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-orchestrator bench-chain chaos hostile fuzz lint fmt clean
+.PHONY: setup up test test-compose test-all images bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-wan bench-orchestrator bench-chain chaos hostile fuzz lint fmt clean
 
 setup: $(VENV)/.installed $(ANVIL) redis chromium docker-compose $(CHART_RENDER)
 
@@ -176,6 +176,16 @@ fmt: setup
 
 clean:
 	rm -rf $(VENV) .tools/node_modules .cache runs
+
+# SHARDCAST over a simulated wide area (bench/wan/three_regions.toml: the operator's region and
+# three regions of home links, each host in a network namespace, delay from a user-space link
+# emulator): time for a version to reach N = 1..64 followers through our relays, directly from
+# the origin and through PyPI shardcast 0.3.2, beside a lower bound; churn cases. Needs root.
+# Writes bench/results/wan.json and wan_cdf.png.
+bench-wan: setup
+	@[ -x bench/.venv-shardcast-ref/bin/python ] || { $(PYTHON) -m venv bench/.venv-shardcast-ref \
+		&& bench/.venv-shardcast-ref/bin/pip install -q shardcast==0.3.2; }
+	$(PY) -m bench.wan $(BENCH_ARGS)
 
 # Ours vs PyPI shardcast 0.3.2 (own venv in bench/.venv-shardcast-ref), 512 MiB, origin -> 2
 # relays -> 8 clients on loopback, plus a tc-shaped namespace run where the machine allows it

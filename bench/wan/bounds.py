@@ -34,7 +34,7 @@ def _rtt_s(bed: Testbed, a: Host, b: Host) -> float:
 
 
 def tree_bound(bed: Testbed, hosts: dict[str, Host], followers: list[Host], size: int) -> float:
-    origin = hosts["origin"]
+    origin = hosts["operator"]
     per_relay = Counter(f"relay-{f.region}" for f in followers)
     terms = []
     for f in followers:
@@ -48,6 +48,6 @@ def tree_bound(bed: Testbed, hosts: dict[str, Host], followers: list[Host], size
 
 
 def direct_bound(bed: Testbed, hosts: dict[str, Host], followers: list[Host], size: int) -> float:
-    origin = hosts["origin"]
+    origin = hosts["operator"]
     terms = [size / _bps(f.down_mbit) + _rtt_s(bed, origin, f) for f in followers]
     return max([*terms, len(followers) * size / _bps(origin.up_mbit)])

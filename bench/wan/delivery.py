@@ -88,13 +88,13 @@ class Delivery:
         common = ["--host", "0.0.0.0", "--port", str(PORT), "--trainer", addr]
         self.procs.append(
             live.spawn(
-                "origin",
+                "operator",
                 "origin",
                 [*relay, "origin", *common, "--data-dir", str(case_dir / "origin")],
                 log_dir=case_dir,
             )  # fmt: skip
         )
-        origin = live.url("origin", PORT)
+        origin = live.url("operator", PORT)
         for r in relays:
             self.procs.append(
                 live.spawn(
@@ -104,7 +104,7 @@ class Delivery:
                     log_dir=case_dir,
                 )  # fmt: skip
             )
-        for p, host in zip(self.procs, ["origin", *relays], strict=True):
+        for p, host in zip(self.procs, ["operator", *relays], strict=True):
             p.wait_http(f"{live.url(host, PORT)}/healthz", 60)
         return origin
 
@@ -269,10 +269,10 @@ class Delivery:
         src = v1 / "model.safetensors"
         node = [py, str(REF_NODE)]
         try:
-            self.procs.append(live.spawn("origin", "ref-origin", [*node, "origin", "--host",
+            self.procs.append(live.spawn("operator", "ref-origin", [*node, "origin", "--host",
                 "0.0.0.0", "--port", str(PORT), "--data-dir", str(case_dir / "ref-origin"),
                 "--file", str(src), "--go", str(go)], log_dir=case_dir))  # fmt: skip
-            origin = live.url("origin", PORT)
+            origin = live.url("operator", PORT)
             for r in relays:
                 self.procs.append(live.spawn(r, f"ref-{r}", [*node, "middle", "--host", "0.0.0.0",
                     "--port", str(PORT), "--data-dir", str(case_dir / f"ref-{r}"), "--upstream",

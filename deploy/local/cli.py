@@ -112,7 +112,8 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
         topo = net.start()
         say(
             f"network up: pool {topo.pool_id} on {topo.rpc_url}, orchestrator "
-            f"{topo.orchestrator_url}, relay {topo.relay_url}, {len(topo.workers)} workers "
+            f"{topo.orchestrator_url}, relays {', '.join(topo.relay_urls)}, "
+            f"{len(topo.workers)} workers "
             f"({', '.join(net.worker_backend(i) for i in range(len(topo.workers)))})"
         )
         say(join_instructions(topo))

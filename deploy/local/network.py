@@ -25,6 +25,7 @@ from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import StepProgress, Verdict
 from prime_swarm.services.trainer import progress
 
+from .placement import OnThisMachine, Placement, url
 from .pool import create_pool, orchestrator_env, script, start_orchestrator
 from .settings import LocalNetworkSettings
 
@@ -36,7 +37,7 @@ class Topology:
     ledger: str = ""
     pool_id: int = 0
     origin_url: str = ""
-    relay_url: str = ""
+    relay_urls: list[str] = field(default_factory=list)
     orchestrator_url: str = ""
     trainer_address: str = ""
     validators: list[str] = field(default_factory=list)
@@ -44,8 +45,16 @@ class Topology:
 
 
 class LocalNetwork:
-    def __init__(self, settings: LocalNetworkSettings, init_model_dir: Path, run_dir: Path):
+    def __init__(
+        self,
+        settings: LocalNetworkSettings,
+        init_model_dir: Path,
+        run_dir: Path,
+        placement: Placement | None = None,
+    ):
+        """`placement`: where each process runs (default: all on this machine's loopback)."""
         self.s, self.init_model_dir, self.run_dir = settings, init_model_dir, run_dir
+        self.placement: Placement = placement or OnThisMachine()
         self.logs = run_dir / "logs"
         self.keys = run_dir / "keys"
         self.procs: dict[str, ManagedProcess] = {}
@@ -67,10 +76,23 @@ class LocalNetwork:
 
     # ------------------------------------------------------------------ start
     def start(self) -> Topology:
-        t = self.topo
-        self.redis = RedisServer(self.run_dir / "redis", self.logs)
+        t, place = self.topo, self.placement
+        self.redis = RedisServer(
+            self.run_dir / "redis",
+            self.logs,
+            port=place.port("redis"),
+            bind=place.bind("redis"),
+            argv_prefix=place.argv("redis", []),
+            address=place.address("redis"),
+        )
         t.redis_url = self.redis.url
-        self.anvil = Anvil(accounts=4).start()
+        self.anvil = Anvil(
+            accounts=4,
+            port=place.port("anvil"),
+            host=place.bind("anvil"),
+            argv_prefix=place.argv("anvil", []),
+            address=place.address("anvil"),
+        ).start()
         t.rpc_url = self.anvil.rpc_url
         # Fresh keys for every role: anvil's dev keys are public, so a validator or pool owner
         # holding one could be impersonated by any process on the machine.
@@ -85,8 +107,7 @@ class LocalNetwork:
         t.trainer_address = trainer.address
         t.validators = [v.address for v in validators]
 
-        orch_port = free_port()
-        t.orchestrator_url = f"http://127.0.0.1:{orch_port}"
+        t.orchestrator_url = url(place, "orchestrator")
         t.ledger, t.pool_id = create_pool(
             t.rpc_url,
             owner,
@@ -101,41 +122,28 @@ class LocalNetwork:
 
         # Relays keep every version whose rollouts can still be admitted, plus the one in flight.
         keep = self.s.recipe.async_level + 2
-        origin_port, relay_port = free_port(), free_port()
-        t.origin_url = f"http://127.0.0.1:{origin_port}"
-        t.relay_url = f"http://127.0.0.1:{relay_port}"
-        self._spawn(
-            "origin",
-            [
-                script("prime-relay"),
-                "origin",
-                "--port",
-                str(origin_port),
-                "--data-dir",
-                str(self.run_dir / "origin"),
-                "--trainer",
-                trainer.address,
-                "--keep-versions",
-                str(keep),
-            ],
-        ).wait_http(f"{t.origin_url}/healthz")
-        self._spawn(
-            "relay",
-            [
-                script("prime-relay"),
-                "relay",
-                "--port",
-                str(relay_port),
-                "--data-dir",
-                str(self.run_dir / "relay"),
-                "--parent",
-                t.origin_url,
-                "--trainer",
-                trainer.address,
-                "--keep-versions",
-                str(keep),
-            ],
-        ).wait_http(f"{t.relay_url}/healthz")
+        t.origin_url = url(place, "origin")
+        t.relay_urls = [url(place, name) for name in place.relays()]
+        for name, mode in [("origin", ["origin"])] + [
+            (r, ["relay", "--parent", t.origin_url]) for r in place.relays()
+        ]:
+            self._spawn(
+                name,
+                [
+                    script("prime-relay"),
+                    *mode,
+                    "--host",
+                    place.bind(name),
+                    "--port",
+                    str(place.port(name)),
+                    "--data-dir",
+                    str(self.run_dir / name),
+                    "--trainer",
+                    trainer.address,
+                    "--keep-versions",
+                    str(keep),
+                ],
+            ).wait_http(f"{url(place, name)}/healthz")
 
         self._spawn(
             "trainer",
@@ -165,8 +173,14 @@ class LocalNetwork:
             {
                 **self.env,
                 **orchestrator_env(
-                    orch_port, t.redis_url, t.rpc_url, t.ledger, t.pool_id, self.sources
+                    place.port("orchestrator"),
+                    t.redis_url,
+                    t.rpc_url,
+                    t.ledger,
+                    t.pool_id,
+                    self.sources,
                 ),
+                "PRIME_ORCH_HOST": place.bind("orchestrator"),
                 # The local pool ejects workers that vanish (killed, crashed) after two minutes.
                 "PRIME_ORCH_OWNER_KEY_FILE": str(self.keys / "owner.json"),
                 "PRIME_ORCH_EJECT_AFTER_S": "120",
@@ -177,6 +191,8 @@ class LocalNetwork:
                 # groups as stale for no more trained completions per second.
                 "PRIME_ORCH_MAX_IN_FLIGHT_GROUPS": str(self.s.groups_per_step),
             },
+            argv_prefix=place.argv("orchestrator", []),
+            url=t.orchestrator_url,
         )
         for _ in range(self.s.workers):
             self.add_worker()
@@ -268,7 +284,7 @@ class LocalNetwork:
         too, so a version is fetched the moment it is published rather than after the relay's
         next poll (policy lag ages work past the async bound). Integrity does not depend on
         which one serves: every shard is checked against the trainer's signed manifest."""
-        return json.dumps([self.topo.relay_url, self.topo.origin_url])
+        return json.dumps([*self.topo.relay_urls, self.topo.origin_url])
 
     def worker_backend(self, i: int) -> str:
         return self.s.worker_backends[i % len(self.s.worker_backends)]
@@ -281,7 +297,11 @@ class LocalNetwork:
         self, name: str, argv: list[str], env: dict[str, str] | None = None
     ) -> ManagedProcess:
         proc = ManagedProcess(
-            name, argv, self.logs, env={**self.env, **(env or {})}, cwd=Path.cwd()
+            name,
+            self.placement.argv(name, argv),
+            self.logs,
+            env={**self.env, **(env or {})},
+            cwd=Path.cwd(),
         )
         self.procs[name] = proc
         return proc
@@ -365,7 +385,8 @@ class LocalNetwork:
     def stop(self) -> None:
         # Validators last among services: on SIGTERM each flushes its queued attestations.
         order = [n for n in self.procs if n.startswith("worker-")] + ["orchestrator", "trainer"]
-        order += [n for n in self.procs if n.startswith("validator-")] + ["relay", "origin"]
+        order += [n for n in self.procs if n.startswith("validator-")]
+        order += [*self.placement.relays(), "origin"]
         for name in order:
             if name in self.procs:
                 self.procs[name].stop(timeout_s=30 if name.startswith("validator-") else 10)

@@ -95,12 +95,21 @@ def orchestrator_env(
 
 
 def start_orchestrator(
-    logs: Path, env: dict[str, str], timeout_s: float = 30.0, name: str = "orchestrator"
+    logs: Path,
+    env: dict[str, str],
+    timeout_s: float = 30.0,
+    name: str = "orchestrator",
+    *,
+    argv_prefix: Sequence[str] = (),
+    url: str | None = None,
 ) -> ManagedProcess:
-    """The `prime-orchestrator` process with `env`, once it answers /healthz (stopped if not)."""
-    proc = ManagedProcess(name, [script("prime-orchestrator")], logs, env=env, cwd=Path.cwd())
+    """The `prime-orchestrator` process with `env`, once it answers /healthz (stopped if not).
+    `argv_prefix` and `url`: started on another host (a testbed's), reached at `url`."""
+    argv = [*argv_prefix, script("prime-orchestrator")]
+    proc = ManagedProcess(name, argv, logs, env=env, cwd=Path.cwd())
+    url = url or f"http://127.0.0.1:{env['PRIME_ORCH_PORT']}"
     try:
-        proc.wait_http(f"http://127.0.0.1:{env['PRIME_ORCH_PORT']}/healthz", timeout_s)
+        proc.wait_http(f"{url}/healthz", timeout_s)
     except BaseException:
         proc.stop()
         raise

@@ -32,6 +32,7 @@ from prime_swarm.libs.cli.lifecycle import on_stop_signals
 
 CHUNK = 256 * 1024  # large reads: the per-chunk Python work is then negligible per byte
 POLL_S = 0.05
+COALESCE_S = 0.004
 STATS_S = 1.0
 RESET_LINGER = struct.pack("ii", 1, 0)  # SO_LINGER on with 0 s: close() sends RST
 
@@ -179,6 +180,12 @@ class _Pipe:
                 self.room.clear()
                 await self.room.wait()
             chunk = await reader.read(min(CHUNK, window - self.held))
+            if 0 < len(chunk) < CHUNK // 4:
+                # A bulk flow through a shaped link arrives a few packets per wake-up; letting
+                # it gather for COALESCE_S makes one chunk of many (5.4 CPU-s per GB forwarded
+                # without, at 25 Mbit/s per flow). Cost: a byte may be read up to COALESCE_S
+                # late, which only a flow that sends again within that time can notice.
+                await asyncio.sleep(COALESCE_S)
             delay = max(0.0, conn.base + random.uniform(-conn.jitter, conn.jitter))
             # Never before the previous chunk: jitter must not reorder a byte stream.
             self.last = max(self.last, max(loop.time(), self.not_before) + delay)

@@ -16,16 +16,19 @@ the testbed's namespaces and deletes them; `teardown(tag)` does the same on dema
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from prime_swarm.libs.localnet.process import ManagedProcess
 
@@ -110,6 +113,7 @@ class LiveTestbed:
                 self._routes[(h.name, p)] = port
                 port += 1
         self._janitor: subprocess.Popen[bytes] | None = None
+        self._tag_lock: TextIO | None = None
         self._links: list[ManagedProcess] = []
         self._epoch = 0
         self._cut: set[str] = set()
@@ -139,6 +143,15 @@ class LiveTestbed:
     # ----------------------------------------------------------------- up / down
     def up(self) -> LiveTestbed:
         tag = self.bed.tag
+        self._lock_tag()
+        try:
+            self._build(tag)
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _build(self, tag: str) -> None:
         teardown(tag)  # what a killed run may have left (its janitor normally got it)
         self.work.mkdir(parents=True, exist_ok=True)
         self._start_janitor()
@@ -159,7 +172,6 @@ class LiveTestbed:
         _run("ip", "addr", "add", f"{self.control_ip}/16", "dev", ctl)
         _run("ip", "link", "set", ctl, "up")
         self._start_links(hub)
-        return self
 
     def _add_host(self, h: Host, hub: str) -> None:
         ns, a, b = self.ns(h.name), f"{self.bed.tag}{h.index}h", f"{self.bed.tag}{h.index}b"
@@ -226,12 +238,29 @@ class LiveTestbed:
             for proc in self._links:
                 proc.wait_until(listening, 15.0, "forwarding")
 
+    def _lock_tag(self) -> None:
+        """One live testbed per tag: a second `up` would tear the first one down under its
+        owner. The lock passes to the janitor, so it holds until the cleanup is done."""
+        path = Path(tempfile.gettempdir()) / f"prime-swarm-testbed-{self.bed.tag}.lock"
+        self._tag_lock = open(path, "w")  # noqa: SIM115 (held for the testbed's life)
+        try:
+            fcntl.flock(self._tag_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._tag_lock.close()
+            self._tag_lock = None
+            raise RuntimeError(
+                f"testbed {self.bed.tag!r} is already up (another process holds {path}); "
+                f"if it was left over: prime-swarm testbed down --tag {self.bed.tag}"
+            ) from None
+
     def _start_janitor(self) -> None:
         self._janitor = subprocess.Popen(
             [sys.executable, "-m", "prime_swarm.deploy.testbed.janitor", self.bed.tag],
             stdin=subprocess.PIPE,
             start_new_session=True,  # outlives a Ctrl-C to the owner's process group
             cwd=Path.cwd(),
+            # It holds the tag's lock until it has cleaned up.
+            pass_fds=[self._tag_lock.fileno()] if self._tag_lock else [],
         )
 
     def down(self) -> None:
@@ -243,6 +272,9 @@ class LiveTestbed:
             self._janitor.stdin.close()  # nothing left for it to do; it exits at EOF
             self._janitor.wait(30)
             self._janitor = None
+        if self._tag_lock is not None:
+            self._tag_lock.close()
+            self._tag_lock = None
 
     def __enter__(self) -> LiveTestbed:
         return self.up()

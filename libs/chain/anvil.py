@@ -15,6 +15,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from types import TracebackType
@@ -112,7 +113,8 @@ def set_balance(rpc_url: str, address: str, wei: int, timeout: float = 10.0) -> 
 
 
 class Anvil:
-    """An anvil process on 127.0.0.1; use as a context manager or call start()/stop()."""
+    """An anvil process (on 127.0.0.1 unless placed elsewhere); a context manager, or call
+    start()/stop()."""
 
     def __init__(
         self,
@@ -125,7 +127,12 @@ class Anvil:
         block_time: float | None = None,
         startup_timeout: float = 15.0,
         binary: Path | None = None,
+        host: str = "127.0.0.1",
+        argv_prefix: Sequence[str] = (),
+        address: tuple[str, int] | None = None,
     ) -> None:
+        """`argv_prefix` starts anvil elsewhere (`ip netns exec NS`: a host of a testbed),
+        bound to `host` on `port`; `address` is then where others reach it."""
         self._fixed_port = port
         self.port = port or 0
         self.accounts = accounts
@@ -135,12 +142,14 @@ class Anvil:
         self.block_time = block_time
         self.startup_timeout = startup_timeout
         self.binary = binary
+        self.host, self.argv_prefix, self.address = host, list(argv_prefix), address
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: tempfile._TemporaryFileWrapper[bytes] | None = None
 
     @property
     def rpc_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        host, port = self.address or ("127.0.0.1", self.port)
+        return f"http://{host}:{port}"
 
     def dev_accounts(self, n: int | None = None) -> list[LocalAccount]:
         return dev_accounts(self.accounts if n is None else n, self.mnemonic)
@@ -162,8 +171,9 @@ class Anvil:
     def _try_start(self, binary: Path) -> str:
         """Start once; '' on success, else what went wrong (the process is cleaned up)."""
         cmd = [
+            *self.argv_prefix,
             str(binary),
-            "--host", "127.0.0.1",
+            "--host", self.host,
             "--port", str(self.port),
             "--accounts", str(self.accounts),
             "--balance", str(self.balance_ether),

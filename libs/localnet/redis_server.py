@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -18,23 +19,31 @@ class RedisServer:
         log_dir: Path,
         port: int | None = None,
         acl_file: Path | None = None,
+        *,
+        bind: str = "127.0.0.1",
+        argv_prefix: Sequence[str] = (),
+        address: tuple[str, int] | None = None,
     ) -> None:
         """`acl_file`: users as in deployments (deploy/redis_acl.py); `url` then authenticates
-        as nobody, so connect with `url_for(user, password)`."""
+        as nobody, so connect with `url_for(user, password)`. `argv_prefix` starts it elsewhere
+        (`ip netns exec NS`: a host of a testbed), bound to `bind`; `address` is then where
+        others reach it (the testbed's route to it)."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server not found; run `make setup` (installs it)")
         self.port = port or free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.host, self.public_port = address or ("127.0.0.1", self.port)
+        self.url = f"redis://{self.host}:{self.public_port}/0"
         data_dir.mkdir(parents=True, exist_ok=True)
         self.process = ManagedProcess(
             "redis",
             [
+                *argv_prefix,
                 binary,
                 "--port",
                 str(self.port),
                 "--bind",
-                "127.0.0.1",
+                bind,
                 "--dir",
                 str(data_dir),
                 "--appendonly",
@@ -62,7 +71,7 @@ class RedisServer:
         self.process.wait_until(self._ping, 30.0, "answering PING after a restart")
 
     def url_for(self, user: str, password: str) -> str:
-        return f"redis://{user}:{password}@127.0.0.1:{self.port}/0"
+        return f"redis://{user}:{password}@{self.host}:{self.public_port}/0"
 
     def client(self) -> redis.Redis:
         return redis.Redis.from_url(self.url, socket_timeout=10)

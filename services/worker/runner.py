@@ -237,7 +237,22 @@ class Worker:
                 self.snapshot.activity = "generating"
                 self.snapshot.leases += len(reply.leases)
                 started = time.monotonic()
-                submitter.put(start_leases(policy, reply.leases, self.backend, builder), started)
+                generating_since = time.time()
+                pending = start_leases(policy, reply.leases, self.backend, builder)
+                # When it generated, and with which version: a version switch's pause (the gap
+                # between the last batch on k and the first on k+1) is read off these lines.
+                log.info(
+                    "generated",
+                    extra={
+                        "fields": {
+                            "version": policy.version,
+                            "leases": len(reply.leases),
+                            "since": round(generating_since, 3),
+                            "seconds": round(time.monotonic() - started, 3),
+                        }
+                    },
+                )
+                submitter.put(pending, started)
         finally:
             submitter.close()
             builder.close()

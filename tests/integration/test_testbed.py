@@ -77,6 +77,10 @@ def test_a_version_crosses_the_wide_area_and_nothing_is_left(tmp_path: Path) -> 
 
     with LiveTestbed(Testbed.model_validate(BED), tmp_path / "bed") as live:
         assert len(namespaces(TAG)) == 6  # the hub and five hosts
+        # A second testbed of the same tag would tear this one down under its owner.
+        with pytest.raises(RuntimeError, match="already up"):
+            LiveTestbed(Testbed.model_validate(BED), tmp_path / "second").up()
+        assert len(namespaces(TAG)) == 6
         origin_url, relay_url = live.url("origin", 8700), live.url("relay", 8700)
         procs = [
             live.spawn("origin", "origin", [*relay_cmd, "origin", *common,
