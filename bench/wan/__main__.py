@@ -33,6 +33,7 @@ from eth_account import Account
 from prime_swarm.deploy.testbed.net import LiveTestbed, available
 from prime_swarm.deploy.testbed.topology import Testbed
 
+from . import pool
 from .bounds import DIRECT_FORMULA, TREE_FORMULA, direct_bound, tree_bound
 from .delivery import Arrivals, Delivery, followers, log
 from .versions import versions
@@ -150,6 +151,35 @@ def churn(live: LiveTestbed, d: Delivery, work: Path, v1: Path) -> dict[str, Any
     return out
 
 
+def pool_section(live: LiveTestbed, work: Path) -> dict[str, Any]:
+    """The pool across the regions, and the same pool on loopback (bench/wan/pool.py)."""
+    log("pool on loopback")
+    loopback = pool.run(work / "loopback", None)
+    log("pool across the regions")
+    wan = pool.run(work / "wan", live)
+    books = wan["books"]
+    out = {
+        "regions": len({h.region for h in live.hosts.values()} - {"operator"}),
+        "workers": wan["workers"],
+        "steps": wan["steps"],
+        "heldout_start": wan["heldout_start"],
+        "heldout_end": wan["heldout_end"],
+        "trained_twice": books["rollouts"]["trained_twice"],
+        "unaccounted": books["rollouts"]["unaccounted"],
+        "chain_equals_validators": books["onchain_units"] == books["validator_units"],
+        "stale_share_wan": pool.stale_share(books),
+        "stale_share_loopback": pool.stale_share(loopback["books"]),
+        "stakes_unchanged": wan["stakes_unchanged"],
+        "ejected": wan["ejected"],
+        "region_cut": wan.get("region_cut"),
+        "wan": wan,
+        "loopback": loopback,
+    }
+    save("pool", out)
+    save("switch_pause_s", wan["switch_pause_s"])
+    return out
+
+
 def plot() -> None:
     import matplotlib
 
@@ -184,7 +214,7 @@ def plot() -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m bench.wan")
-    p.add_argument("--only", default="time-to-n,churn")
+    p.add_argument("--only", default="time-to-n,churn,pool")
     p.add_argument("--n", default="1,4,16,64")
     p.add_argument("--systems", default="ours,direct,reference")
     p.add_argument("--topology", type=Path, default=TOPOLOGY)
@@ -193,7 +223,7 @@ def main() -> int:
     if why:
         raise SystemExit(f"bench-wan: {why}")
     sections = a.only.split(",")
-    v1, v2 = versions(ROOT / ".cache")
+    v1, v2 = versions(ROOT / ".cache") if {"time-to-n", "churn"} & set(sections) else (ROOT, ROOT)
     bed = Testbed.load(a.topology)
     work = Path(tempfile.mkdtemp(prefix="wan-bench-"))
     trainer = Account.create()
@@ -206,6 +236,8 @@ def main() -> int:
                           a.systems.split(","))  # fmt: skip
             if "churn" in sections:
                 churn(live, d, work, v1)
+            if "pool" in sections:
+                pool_section(live, work)
         finally:
             stats = live.link_stats()
             gb = stats["bytes"] / 1e9

@@ -41,7 +41,11 @@ from .transport import (
 # Pause between full rounds over every relay (e.g. all relays still pulling the version).
 BACKOFF_FIRST_S = 0.2
 BACKOFF_MAX_S = 2.0
-# Slowest transfer rate tolerated before a transfer is cut off and resumed elsewhere.
+# Slowest link tolerated (all of a download's transfers together) before a transfer is cut off
+# and resumed elsewhere. A transfer's own floor is this shared by the transfers in flight: on
+# a 25 Mbit/s home link, 8 transfers get ~390 KB/s each, and a floor of 512 KiB/s per transfer
+# cut every 16 MiB shard off at its deadline and resumed it (bench/wan: 7 cut-offs in one
+# follower's 17 shards over the wide-area testbed).
 MIN_RATE_BPS = 512 * 1024
 
 
@@ -78,8 +82,9 @@ def default_attempts(pool: RelayPool) -> int:
 
 
 def transfer_deadline(shard: ShardInfo, opts: FetchOptions) -> float:
-    """Seconds one attempt at `shard` may take: the wait, a timeout, and a minimum rate."""
-    return opts.wait_s + opts.timeout_s + shard.size / MIN_RATE_BPS
+    """Seconds one attempt at `shard` may take: the wait, a timeout, and the minimum rate of
+    one of `max_workers` transfers sharing the slowest link tolerated."""
+    return opts.wait_s + opts.timeout_s + shard.size * opts.max_workers / MIN_RATE_BPS
 
 
 def fetch_shard(

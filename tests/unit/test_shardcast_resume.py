@@ -88,3 +88,20 @@ def test_pick_prefers_measured_throughput_and_spreads_in_flight_work() -> None:
     assert pool.pick(0) == "http://slow"  # 11 queued on fast cost more than 1 on slow
     pool.demote("http://slow", "lied")
     assert pool.pick(0) == "http://fast"
+
+
+def test_a_transfers_deadline_is_its_share_of_the_slowest_link_tolerated() -> None:
+    """Eight transfers sharing a 25 Mbit/s home link (about 390 KB/s each) must finish a
+    16 MiB shard within their deadline; one trickling at a tenth of that is cut off."""
+    from prime_swarm.libs.shardcast.fetch import transfer_deadline
+    from prime_swarm.libs.shardcast.transport import FetchOptions
+    from prime_swarm.protocol.messages import ShardInfo
+
+    shard = ShardInfo(index=0, offset=0, size=16 << 20, sha256="0" * 64)
+    opts = FetchOptions(timeout_s=10.0, max_workers=8)
+    share_of_home_link = 25e6 / 8 / 8
+    assert shard.size / share_of_home_link < transfer_deadline(shard, opts)
+    assert shard.size / (share_of_home_link / 10) > transfer_deadline(shard, opts)
+    # Alone on the link, a transfer gets the whole floor: a trickle is cut as soon as before.
+    alone = FetchOptions(timeout_s=10.0, max_workers=1)
+    assert transfer_deadline(shard, alone) < transfer_deadline(shard, opts) / 4
