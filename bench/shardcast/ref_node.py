@@ -3,8 +3,12 @@
 Runs under the reference's own venv (bench/.venv-shardcast-ref), never the project's. It works
 around the quirks listed in REFERENCES.md: servers bind 0.0.0.0 (patched here to --host), every
 server folder needs a `data1.bin` probe file, and the client command exits at once while the
-version is not listed, so `client` re-runs `shardcast-client` from its own working directory
-until it succeeds.
+version is not listed, so `client` polls the version list (ClientNode, what `shardcast-client`
+wraps) until the version is there and downloads it. Every downloader writes two scratch files
+at fixed paths (`/tmp/dummy.bin`, `temp_distribution.txt` beside the package) that all nodes on
+one machine share: on separate machines they would not collide, here one node's clean-up broke
+another's start (the wide-area bench's middles died at start-up on it), so each node gets them
+in a folder of its own.
 
     ref_node.py origin --host H --port P --data-dir D --file F --go GOFILE
     ref_node.py middle --host H --port P --data-dir D --upstream URL[,URL] --check-interval 1
@@ -15,12 +19,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 PROBE = b"\0" * 1024
+
+
+def _private_scratch(folder: Path) -> None:
+    """The downloader's fixed scratch paths moved into `folder` (see the module notes)."""
+    import shardcast.client as downloader
+
+    folder.mkdir(parents=True, exist_ok=True)
+    real_path = downloader.Path
+    downloader.Path = lambda *a: folder / "dummy.bin" if a == ("/tmp/dummy.bin",) else real_path(*a)
+    # temp_distribution.txt goes beside the package: dirname(dirname(__file__)).
+    downloader.__file__ = str(folder / "pkg" / "client.py")
 
 
 def _bind_to(host: str) -> None:
@@ -53,6 +67,7 @@ def origin(args: argparse.Namespace) -> int:
 
 def middle(args: argparse.Namespace) -> int:
     _bind_to(args.host)
+    _private_scratch(Path(args.data_dir).parent / f"{Path(args.data_dir).name}-scratch")
     from shardcast.middle_node import main
 
     Path(args.data_dir).mkdir(parents=True, exist_ok=True)
@@ -74,37 +89,28 @@ def middle(args: argparse.Namespace) -> int:
 
 
 def client(args: argparse.Namespace) -> int:
-    command = str(Path(sys.executable).parent / "shardcast-client")
     work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
+    _private_scratch(work / "scratch")
+    os.chdir(work)
+    from shardcast.client_node import ClientNode
+
     deadline = time.monotonic() + args.deadline
-    tries = 0
+    node, tries = None, 0
     print(f"waiting for version {args.version}", flush=True)
     while time.monotonic() < deadline:
         tries += 1
-        rc = subprocess.call(
-            [
-                command,
-                "--servers",
-                args.servers,
-                "--version",
-                args.version,
-                "--output-dir",
-                str(work / "downloads"),
-                "--output-file",
-                args.out,
-                "--log-level",
-                "ERROR",
-            ],
-            cwd=work,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        if rc == 0 and os.path.exists(args.out):
-            print(f"done after {tries} runs of shardcast-client", flush=True)
-            return 0
+        try:
+            # Its constructor probes every server and raises while one is not up yet.
+            node = node or ClientNode(args.servers.split(","), str(work / "downloads"))
+            if args.version in node.list_available_versions() and node.download_version(
+                args.version, args.out
+            ):
+                print(f"done after {tries} polls", flush=True)
+                return 0
+        except Exception as exc:  # the reference raises bare Exceptions
+            print(f"poll {tries}: {exc}", flush=True)
         time.sleep(args.poll)
-    print(f"gave up after {tries} runs", flush=True)
+    print(f"gave up after {tries} polls", flush=True)
     return 1
 
 

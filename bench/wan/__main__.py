@@ -8,8 +8,12 @@ shardcast 0.3.2 on the same hosts (`reference_s`; it has no deltas, so its delta
 whole file again, measured as its full case), each beside the lower bound of bench/wan/bounds.py.
 churn: a relay killed mid-broadcast, a quarter of the followers joining mid-way, a region cut
 off for 60 s; each must complete with no wrong byte installed.
+pool: the `make up` pool with nine workers across the regions against the same on loopback,
+with a region cut for 60 s mid-run (bench/wan/pool.py); switch_pause_s from its workers.
+deltas: SmolLM2's deltas over real RL steps of the network (bench/wan/deltas.py).
 
-    python -m bench.wan [--only time-to-n,churn] [--n 1,4,16,64] [--systems ours,direct,reference]
+    python -m bench.wan [--only time-to-n,churn,pool,deltas] [--n 1,4,16,64]
+                        [--systems ours,direct,reference]
 
 Writes bench/results/wan.json (other sections kept) and bench/results/wan_cdf.png. Needs root
 (network namespaces); sizes: 64 followers are light processes (no torch), the links are slow
@@ -33,7 +37,7 @@ from eth_account import Account
 from prime_swarm.deploy.testbed.net import LiveTestbed, available
 from prime_swarm.deploy.testbed.topology import Testbed
 
-from . import pool
+from . import deltas, pool
 from .bounds import DIRECT_FORMULA, TREE_FORMULA, direct_bound, tree_bound
 from .delivery import Arrivals, Delivery, followers, log
 from .versions import versions
@@ -45,8 +49,12 @@ PLOT = ROOT / "bench" / "results" / "wan_cdf.png"
 CHURN_N = 16
 
 
+def load() -> dict[str, Any]:
+    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+
+
 def save(section: str, value: Any) -> None:
-    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    data = load()
     data[section] = value
     data["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
     RESULTS.write_text(json.dumps(data, indent=1) + "\n")
@@ -214,42 +222,55 @@ def plot() -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m bench.wan")
-    p.add_argument("--only", default="time-to-n,churn,pool")
+    p.add_argument("--only", default="time-to-n,churn,pool,deltas")
     p.add_argument("--n", default="1,4,16,64")
     p.add_argument("--systems", default="ours,direct,reference")
     p.add_argument("--topology", type=Path, default=TOPOLOGY)
     a = p.parse_args()
-    why = available()
-    if why:
-        raise SystemExit(f"bench-wan: {why}")
     sections = a.only.split(",")
-    v1, v2 = versions(ROOT / ".cache") if {"time-to-n", "churn"} & set(sections) else (ROOT, ROOT)
-    bed = Testbed.load(a.topology)
     work = Path(tempfile.mkdtemp(prefix="wan-bench-"))
+    if {"time-to-n", "churn", "pool"} & set(sections):
+        if why := available():
+            raise SystemExit(f"bench-wan: {why}")
+        on_testbed(sections, a, work)
+    if "deltas" in sections:
+        log("deltas: the SmolLM2 pool on loopback")
+        found = deltas.run(work / "deltas")
+        save("deltas", found)
+        save("delta_bytes_ratio", found["delta_bytes_ratio"])
+    shutil.rmtree(work, ignore_errors=True)
+    plot()
+    return 0
+
+
+def on_testbed(sections: list[str], a: argparse.Namespace, work: Path) -> None:
+    bed = Testbed.load(a.topology)
     trainer = Account.create()
     started = time.monotonic()
     with LiveTestbed(bed, work / "testbed") as live:
         d = Delivery(live, work, trainer)
         try:
-            if "time-to-n" in sections:
-                time_to_n(live, d, work, v1, v2, [int(x) for x in a.n.split(",")],
-                          a.systems.split(","))  # fmt: skip
-            if "churn" in sections:
-                churn(live, d, work, v1)
+            if {"time-to-n", "churn"} & set(sections):
+                v1, v2 = versions(ROOT / ".cache")
+                if "time-to-n" in sections:
+                    ns = [int(x) for x in a.n.split(",")]
+                    time_to_n(live, d, work, v1, v2, ns, a.systems.split(","))
+                if "churn" in sections:
+                    churn(live, d, work, v1)
             if "pool" in sections:
                 pool_section(live, work)
         finally:
             stats = live.link_stats()
             gb = stats["bytes"] / 1e9
-            save("link_emulator", {
+            # Per run of the bench, keyed by the sections it ran: what the emulator cost there.
+            seen = load().get("link_emulator", {})
+            seen[",".join(s for s in sections if s != "deltas")] = {
                 "processes": 2, "bytes_forwarded": int(stats["bytes"]),
                 "cpu_s": round(stats["cpu_s"], 1),
                 "cpu_s_per_gb": round(stats["cpu_s"] / gb, 2) if gb else None,
                 "bench_wall_s": round(time.monotonic() - started, 1),
-            })  # fmt: skip
-    shutil.rmtree(work, ignore_errors=True)
-    plot()
-    return 0
+            }  # fmt: skip
+            save("link_emulator", seen)
 
 
 if __name__ == "__main__":
