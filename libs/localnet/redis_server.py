@@ -50,8 +50,11 @@ class RedisServer:
                 "yes",
                 "--save",
                 "",
+                # Protected mode refuses every client not on loopback while `default` has no
+                # password: placed on a testbed host (a namespace reached only through the
+                # testbed's links), the others are not on its loopback.
                 "--protected-mode",
-                "yes",
+                "yes" if bind == "127.0.0.1" else "no",
                 *(["--aclfile", str(Path(acl_file).resolve())] if acl_file else []),
             ],
             log_dir,
