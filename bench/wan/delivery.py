@@ -31,6 +31,7 @@ REF_VENV = Path(__file__).resolve().parents[1] / ".venv-shardcast-ref"
 REF_NODE = Path(__file__).resolve().parents[1] / "shardcast" / "ref_node.py"
 # The reference retries forever; a client not done by then counts as never done.
 REF_DEADLINE_S = 600
+POLL_S = 1.0  # the reference clients poll their middle as often as ours poll their relay
 
 
 def log(msg: str) -> None:
@@ -154,7 +155,12 @@ class Delivery:
         for h in hosts:
             if h.name not in late:
                 start(h)
-        time.sleep(3.0)  # every waiting follower is polling by now
+        # Every follower started (64 interpreters take this machine half a minute) and waiting.
+        ready = [results[h.name].with_suffix(".ready") for h in hosts if h.name not in late]
+        settle = time.monotonic() + 180
+        while not all(r.exists() for r in ready) and time.monotonic() < settle:
+            time.sleep(0.2)
+        time.sleep(2.0)
         t0 = time.time()
         began = time.monotonic()
         publish()
@@ -286,8 +292,15 @@ class Delivery:
                 clients[h.name] = live.spawn(h.name, f"ref-{h.name}", [*node, "client",
                     "--servers", live.url(relay_of(h), PORT), "--version", "v1", "--workdir",
                     str(work), "--out", str(work / "model.safetensors"), "--deadline",
-                    str(REF_DEADLINE_S)], log_dir=case_dir / "logs")  # fmt: skip
-            time.sleep(3.0)
+                    str(REF_DEADLINE_S), "--poll", str(POLL_S)],
+                    log_dir=case_dir / "logs")  # fmt: skip
+            # As for ours: every client started and polling before the broadcast.
+            settle = time.monotonic() + 180
+            while time.monotonic() < settle and not all(
+                "waiting for version" in c.tail(5) for c in clients.values()
+            ):
+                time.sleep(0.2)
+            time.sleep(2.0)
             t0 = time.time()
             go.touch()
             seconds: dict[str, float | None] = {}

@@ -19,7 +19,7 @@ import numpy as np
 from prime_swarm.deploy.local.cli import prepare_model
 from prime_swarm.deploy.local.network import LocalNetwork
 from prime_swarm.deploy.local.settings import LocalNetworkSettings
-from prime_swarm.libs.rl.checkpoint import published_dir
+from prime_swarm.libs.rl.checkpoint import PUBLISHED_DIR, version_dir
 from prime_swarm.libs.shardcast import delta
 
 from .delivery import log
@@ -37,19 +37,26 @@ def collect(work: Path, steps: int) -> tuple[list[Path], LocalNetworkSettings]:
     )  # fmt: skip
     run_dir = work / "run"
     run_dir.mkdir(parents=True)
-    kept = work / "versions"
-    kept.mkdir()
+    # Kept after the run (.cache/wan/smollm2-steps): a codec can be tried on real steps offline.
+    kept = ROOT / ".cache" / "wan" / "smollm2-steps"
+    shutil.rmtree(kept, ignore_errors=True)
+    kept.mkdir(parents=True)
     net = LocalNetwork(s, prepare_model(s, say=lambda _m: None), run_dir)
     ckpts = run_dir / "checkpoints"
 
     def keep(version: int) -> None:
-        # Copied the moment its step is reported: the trainer prunes old checkpoints.
-        shutil.copy(published_dir(ckpts, version) / WEIGHTS, kept / f"v{version}.safetensors")
+        # Copied once its checkpoint is in place (a step is reported before it is saved, and
+        # the checkpoint is renamed into place whole) and before the trainer prunes it.
+        published = version_dir(ckpts, version) / PUBLISHED_DIR / WEIGHTS
+        deadline = time.monotonic() + 300
+        while not published.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"version {version} was never checkpointed")
+            time.sleep(0.2)
+        shutil.copy(published, kept / f"v{version}.safetensors")
 
     try:
         net.start()
-        while not (published_dir(ckpts, 0) / WEIGHTS).exists():
-            time.sleep(0.5)
         keep(0)
 
         def on_step(row: Any) -> None:
