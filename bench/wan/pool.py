@@ -123,9 +123,9 @@ def run(work: Path, live: LiveTestbed | None) -> dict[str, Any]:
         r = net.redis.client()
         books = account(r, net.attested_units())
         by_worker: dict[str, list[float]] = defaultdict(list)
-        for entry_id, fields in r.xrange(streams.ROLLOUTS_SUBMITTED):
+        for _, fields in r.xrange(streams.ROLLOUTS_SUBMITTED):
             sub = streams.decode(SubmittedRollout, fields)
-            by_worker[sub.worker.lower()].append(int(entry_id.decode().split("-")[0]) / 1000)
+            by_worker[sub.submission.worker.lower()].append(sub.received_at)
         r.close()
         out = {
             "wall_s": round(time.time() - started, 1),

@@ -10,6 +10,7 @@ import logging
 import time
 from collections import Counter
 
+import httpx
 import torch
 from eth_account.signers.local import LocalAccount
 
@@ -41,6 +42,8 @@ from .persist import DROPPED, TRAINED, TRAINED_BY_STEP, Persister, Snapshot
 from .settings import TrainerSettings
 
 log = logging.getLogger("trainer")
+
+PUBLISH_ATTEMPTS = 4  # 2 + 4 + 8 s of pauses: longer than any reconnect, short of a step
 __all__ = ["TRAINED", "Trainer"]
 
 
@@ -147,17 +150,31 @@ class Trainer:
         version published before it where that is still on disk."""
         parent = self._last_published if version > 0 else None
         parent_dir = ckpt.published_dir(self.root, parent) if parent is not None else None
-        signed = publish_version(
-            self.s.origin_url,
-            ckpt.published_dir(self.root, version),
-            version=version,
-            parent_version=parent,  # the version shipped before
-            account=self.account,
-            shard_size=self.s.shard_size,
-            timeout=self.s.http_timeout_s,
-            http=self._origin_http,
-            parent_dir=parent_dir if parent_dir is not None and parent_dir.is_dir() else None,
-        )
+        if parent_dir is not None and not parent_dir.is_dir():
+            parent_dir = None
+        # A request can leave on a pooled keep-alive connection that the origin closes at that
+        # moment ("Server disconnected without sending a response"): over the wide-area testbed
+        # that killed the trainer mid-run. Publishing again is safe (the origin keeps what it
+        # has), so a transport error is retried, within a budget.
+        for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+            try:
+                signed = publish_version(
+                    self.s.origin_url,
+                    ckpt.published_dir(self.root, version),
+                    version=version,
+                    parent_version=parent,  # the version shipped before
+                    account=self.account,
+                    shard_size=self.s.shard_size,
+                    timeout=self.s.http_timeout_s,
+                    http=self._origin_http,
+                    parent_dir=parent_dir,
+                )
+                break
+            except httpx.TransportError as exc:
+                if attempt == PUBLISH_ATTEMPTS:
+                    raise
+                log.warning("publishing version %s failed (%s); retrying", version, exc)
+                time.sleep(2.0**attempt)
         ann = PolicyAnnouncement(
             version=version,
             step=version,
