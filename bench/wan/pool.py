@@ -117,6 +117,9 @@ def run(work: Path, live: LiveTestbed | None) -> dict[str, Any]:
         rows = net.follow(on_step, s.timeout_s)
         if live is not None and "at" in cut and "healed" not in cut:
             time.sleep(max(0.0, cut["at"] + CUT_FOR_S + 1 - time.time()))
+        # Read before the workers stop: a stopping worker leaves the pool and unbonds.
+        stakes_unchanged = all(ledger.stake_of(topo.pool_id, w) == v for w, v in stakes.items())
+        ejected = [w for w in topo.workers if not ledger.is_member(topo.pool_id, w)]
         net.stop_workers()
         net.stop_validators()
         assert net.redis is not None
@@ -133,10 +136,8 @@ def run(work: Path, live: LiveTestbed | None) -> dict[str, Any]:
             "workers": len(topo.workers),
             "books": books,
             "mean_policy_lag": round(sum(x.policy_lag_mean for x in rows) / len(rows), 3),
-            "stakes_unchanged": all(
-                ledger.stake_of(topo.pool_id, w) == v for w, v in stakes.items()
-            ),
-            "ejected": [w for w in topo.workers if not ledger.is_member(topo.pool_id, w)],
+            "stakes_unchanged": stakes_unchanged,
+            "ejected": ejected,
             "switch_pause_s": switch_pauses(net.logs),
         }
         if live is not None and "healed" in cut:
