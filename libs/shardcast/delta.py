@@ -12,8 +12,10 @@ byte; differences zigzag-mapped) and zlib-compressed. Words, not elements, keep 
 dtype-agnostic: the safetensors header and fp32 tensors are handled the same way, at worst a
 changed fp32 element costs two words.
 
-What that bought (SmolLM2-135M in bf16, bench/wan `deltas`): see `bench/results/wan.json`
-`deltas`; against the previous codec (gaps and XORs split into byte planes): CODEC_GAIN.
+Against the previous codec (gaps and XORs split into byte planes, zlib 1), one AdamW-shaped step
+of SmolLM2-135M in bf16 went from 8.77 to 6.88 MB (-22 %) for an encode of about 2 s; over 8
+real RL steps of the network a delta is 1.04-1.26 % of the file after the first step and 2.6 %
+on the first (bench/results/wan.json `deltas`, docs/wide-area.md).
 
 Deltas come from relays; their bytes are checked against the signed manifest before `apply`
 runs, and the rebuilt file is checked against the signed hash of the full file after. `apply`
