@@ -68,11 +68,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import Failure
 
 from prime_swarm.deploy.local.pool import (
-    announce_placeholder_policy,
-    create_pool,
-    orchestrator_env,
-    stake_member,
-    start_orchestrator,
+    start_pool,
 )
 from prime_swarm.libs.chain.anvil import Anvil
 from prime_swarm.libs.localnet.ports import free_port
@@ -165,24 +161,16 @@ def orchestrator_stack(
 ) -> Iterator[OrchestratorStack]:
     """Ledger deployed, pool created, a member staked and registered, a policy announced."""
     trainer, member, outsider = Account.create(), Account.create(), Account.create()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    ledger_addr, pool_id = create_pool(rpc_url, owner, url, trainer.address)
-    stake_member(rpc_url, ledger_addr, pool_id, member, 10**18)
-    announce_placeholder_policy(redis_url, POLICY_VERSION)
-    env = {
-        **orchestrator_env(port, redis_url, rpc_url, ledger_addr, pool_id),
-        "PRIME_ORCH_LOG_LEVEL": "WARNING",
-        **ORCHESTRATOR_ENV,
-    }
-    proc = start_orchestrator(work, env, timeout_s=60)
-    try:
-        planner = OrchestratorPlanner(member, outsider, pool_id)
-        planner.prime(url)
-        target = Target("orchestrator", url, proc, planner)
-        yield OrchestratorStack(target, member, outsider, pool_id)
-    finally:
-        proc.stop()
+    with start_pool(
+        work, rpc_url, redis_url, owner, trainer.address,
+        members=[member], placeholder_version=POLICY_VERSION, timeout_s=60,
+        env={"PRIME_ORCH_LOG_LEVEL": "WARNING", **ORCHESTRATOR_ENV},
+    ) as pool:  # fmt: skip
+        planner = OrchestratorPlanner(member, outsider, pool.pool_id)
+        planner.prime(pool.url)
+        assert pool.process is not None
+        target = Target("orchestrator", pool.url, pool.process, planner)
+        yield OrchestratorStack(target, member, outsider, pool.pool_id)
 
 
 @dataclass

@@ -72,14 +72,11 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
 from prime_swarm.deploy.local.pool import (
-    announce_placeholder_policy,
-    create_pool,
-    orchestrator_env,
-    start_orchestrator,
+    Pool,
+    start_pool,
 )
 from prime_swarm.libs.chain.anvil import Anvil, set_balance
 from prime_swarm.libs.chain.client import LedgerClient
-from prime_swarm.libs.localnet.ports import free_port
 from prime_swarm.libs.localnet.process import ManagedProcess
 from prime_swarm.libs.localnet.redis_server import RedisServer
 from prime_swarm.libs.rollout.recipe import Recipe
@@ -552,49 +549,56 @@ def stake_workers(rpc_url: str, ledger: str, pool_id: int, n: int) -> list:
 
 @dataclass
 class Stack:
-    url: str
-    port: int
-    pool_id: int
-    orchestrator: ManagedProcess | None
+    pool: Pool
     redis: RedisServer
     anvil_pid: int | None
     accounts: list
     recipe: Recipe
-    env: dict[str, str]
-    logs: Path
+
+    @property
+    def url(self) -> str:
+        return self.pool.url
+
+    @property
+    def port(self) -> int:
+        return int(self.pool.env["PRIME_ORCH_PORT"])
+
+    @property
+    def pool_id(self) -> int:
+        return self.pool.pool_id
+
+    @property
+    def orchestrator(self) -> ManagedProcess:
+        assert self.pool.process is not None
+        return self.pool.process
 
     def start_orchestrator(self, **overrides: str) -> ManagedProcess:
         """(Re)start the orchestrator on the same port; pool state stays in Redis."""
-        if self.orchestrator is not None:
-            self.orchestrator.stop()
-        self.orchestrator = start_orchestrator(self.logs, {**self.env, **overrides}, timeout_s=60)
-        return self.orchestrator
+        return self.pool.start(60, **overrides)
 
 
 def start_stack(stack: ExitStack, work: Path, workers: int, tokens: int | None) -> Stack:
     node = stack.enter_context(Anvil(accounts=2))
     server = RedisServer(work / "redis", work / "logs")
     stack.callback(server.stop)
-    owner = node.dev_accounts(1)[0]
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    ledger, pool_id = create_pool(node.rpc_url, owner, url, TRAINER, min_stake_wei=MIN_STAKE)
-    accounts = stake_workers(node.rpc_url, ledger, pool_id, workers)
-    announce_placeholder_policy(server.url, POLICY_VERSION)
+    env = dict(ORCHESTRATOR_ENV)
+    if tokens is not None:
+        env["PRIME_RECIPE_MAX_NEW_TOKENS"] = str(tokens)
+    pool = stack.enter_context(
+        start_pool(
+            work / "logs", node.rpc_url, server.url, node.dev_accounts(1)[0], TRAINER,
+            min_stake_wei=MIN_STAKE, placeholder_version=POLICY_VERSION, env=env, timeout_s=60,
+        )
+    )  # fmt: skip
+    accounts = stake_workers(node.rpc_url, pool.ledger, pool.pool_id, workers)
     r = server.client()
     # The consumer groups a deployment has, so the in-flight count reads them as it would there.
     ensure_group(r, streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP)
     ensure_group(r, streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP)
     r.close()
-    env = {**orchestrator_env(port, server.url, node.rpc_url, ledger, pool_id), **ORCHESTRATOR_ENV}
-    if tokens is not None:
-        env["PRIME_RECIPE_MAX_NEW_TOKENS"] = str(tokens)
     recipe = Recipe(**({"max_new_tokens": tokens} if tokens is not None else {}))
     anvil_pid = getattr(getattr(node, "_proc", None), "pid", None)
-    st = Stack(url, port, pool_id, None, server, anvil_pid, accounts, recipe, env, work / "logs")
-    stack.callback(lambda: st.orchestrator.stop() if st.orchestrator else None)
-    st.start_orchestrator()
-    return st
+    return Stack(pool, server, anvil_pid, accounts, recipe)
 
 
 def check_wire_format(worker_cfg: WorkerConfig, key: str) -> None:

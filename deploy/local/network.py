@@ -26,7 +26,7 @@ from prime_swarm.protocol.messages import StepProgress, Verdict
 from prime_swarm.services.trainer import progress
 
 from .placement import OnThisMachine, Placement, url
-from .pool import create_pool, orchestrator_env, script, start_orchestrator
+from .pool import Pool, script, start_pool
 from .settings import LocalNetworkSettings
 
 
@@ -61,6 +61,7 @@ class LocalNetwork:
         self.redis: RedisServer | None = None
         self.anvil: Anvil | None = None
         self.topo = Topology()
+        self.pool: Pool | None = None
         self._cpu: dict[str, float] = {}
         self.retired: dict[str, ManagedProcess] = {}
         # One torch thread per process: the workers, a validator and a trainer share 2 cores.
@@ -107,23 +108,41 @@ class LocalNetwork:
         t.trainer_address = trainer.address
         t.validators = [v.address for v in validators]
 
-        t.orchestrator_url = url(place, "orchestrator")
-        t.ledger, t.pool_id = create_pool(
+        # The orchestrator's variables name the relays by address: they need not be up yet.
+        t.origin_url = url(place, "origin")
+        t.relay_urls = [url(place, name) for name in place.relays()]
+        self.pool = start_pool(
+            self.logs,
             t.rpc_url,
+            t.redis_url,
             owner,
-            t.orchestrator_url,
             trainer.address,
+            placement=place,
             min_stake_wei=self.s.min_stake_wei,
             reward_per_unit_wei=self.s.reward_per_unit_wei,
             unbonding_blocks=self.s.unbonding_blocks,
             validators=t.validators,
             fund_wei=10 * 10**18,
+            relays=self.sources,
+            env={
+                **self.env,
+                # The local pool ejects workers that vanish (killed, crashed) after two minutes.
+                "PRIME_ORCH_OWNER_KEY_FILE": str(self.keys / "owner.json"),
+                "PRIME_ORCH_EJECT_AFTER_S": "120",
+                "PRIME_ORCH_LEASE_TTL_S": str(self.s.lease_ttl_s),
+                "PRIME_ORCH_TASK_SEED": str(self.s.task_seed),
+                # Groups in flight, not counting the batch the trainer has taken: one step's
+                # worth. Measured (bench/trainer_bench.py): 1.25-1.5 steps dropped 3-4x the
+                # groups as stale for no more trained completions per second.
+                "PRIME_ORCH_MAX_IN_FLIGHT_GROUPS": str(self.s.groups_per_step),
+            },
         )
+        assert self.pool.process is not None
+        self.procs["orchestrator"] = self.pool.process
+        t.orchestrator_url, t.ledger, t.pool_id = self.pool.url, self.pool.ledger, self.pool.pool_id
 
         # Relays keep every version whose rollouts can still be admitted, plus the one in flight.
         keep = self.s.recipe.async_level + 2
-        t.origin_url = url(place, "origin")
-        t.relay_urls = [url(place, name) for name in place.relays()]
         for name, mode in [("origin", ["origin"])] + [
             (r, ["relay", "--parent", t.origin_url]) for r in place.relays()
         ]:
@@ -168,32 +187,6 @@ class LocalNetwork:
         )
         for i in range(self.s.validators):
             self._spawn_validator(i)
-        self.procs["orchestrator"] = start_orchestrator(
-            self.logs,
-            {
-                **self.env,
-                **orchestrator_env(
-                    place.port("orchestrator"),
-                    t.redis_url,
-                    t.rpc_url,
-                    t.ledger,
-                    t.pool_id,
-                    self.sources,
-                ),
-                "PRIME_ORCH_HOST": place.bind("orchestrator"),
-                # The local pool ejects workers that vanish (killed, crashed) after two minutes.
-                "PRIME_ORCH_OWNER_KEY_FILE": str(self.keys / "owner.json"),
-                "PRIME_ORCH_EJECT_AFTER_S": "120",
-                "PRIME_ORCH_LEASE_TTL_S": str(self.s.lease_ttl_s),
-                "PRIME_ORCH_TASK_SEED": str(self.s.task_seed),
-                # Groups in flight, not counting the batch the trainer has taken: one step's
-                # worth. Measured (bench/trainer_bench.py): 1.25-1.5 steps dropped 3-4x the
-                # groups as stale for no more trained completions per second.
-                "PRIME_ORCH_MAX_IN_FLIGHT_GROUPS": str(self.s.groups_per_step),
-            },
-            argv_prefix=place.argv("orchestrator", []),
-            url=t.orchestrator_url,
-        )
         for _ in range(self.s.workers):
             self.add_worker()
         return t

@@ -1,16 +1,20 @@
 """A pool on the chain and the orchestrator in front of it: the one bring-up of both.
 
-The local network (network.py: `make up`, chaos, the end-to-end tests, the trainer and hostile
-benches) starts its pool and orchestrator here, and so do the integration tests and the benches
-that need an orchestrator without a training network (fuzz, orchestrator bench): one order of
-deployment, one set of orchestrator variables, one readiness check.
+`start_pool` deploys the ledger, creates the pool, registers its validators, stakes its first
+members and starts the orchestrator where the placement puts it. The local network (network.py:
+`make up`, chaos, the end-to-end tests, the trainer, hostile and wide-area benches) starts its
+pool with it, and so do the integration tests and the benches that need an orchestrator without
+a training network (fuzz, orchestrator bench): one order of deployment, one set of orchestrator
+variables, one readiness check, on loopback or on a testbed host.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 
 import redis
 from eth_account.signers.local import LocalAccount
@@ -21,6 +25,8 @@ from prime_swarm.libs.chain.deploy import deploy_ledger
 from prime_swarm.libs.localnet.process import ManagedProcess
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import PolicyAnnouncement
+
+from .placement import OnThisMachine, Placement, url
 
 # Where an orchestrator with no relays behind it points workers: nothing listens there.
 NO_RELAYS = '["http://127.0.0.1:1"]'
@@ -114,3 +120,102 @@ def start_orchestrator(
         proc.stop()
         raise
     return proc
+
+
+@dataclass
+class Pool:
+    """A pool on the chain and its running orchestrator (`start_pool`). A context manager: the
+    orchestrator stops on exit (the chain and Redis belong to whoever started them)."""
+
+    url: str
+    rpc_url: str
+    redis_url: str
+    ledger: str
+    pool_id: int
+    logs: Path
+    env: dict[str, str]
+    argv_prefix: list[str] = field(default_factory=list)
+    process: ManagedProcess | None = None
+
+    def start(self, timeout_s: float = 30.0, **overrides: str) -> ManagedProcess:
+        """(Re)start the orchestrator with `overrides` added to its variables: the same port and
+        Redis, so the pool's state carries over."""
+        self.stop()
+        self.process = start_orchestrator(
+            self.logs, {**self.env, **overrides}, timeout_s,
+            argv_prefix=self.argv_prefix, url=self.url,
+        )  # fmt: skip
+        return self.process
+
+    def restart(self, timeout_s: float = 30.0) -> None:
+        """kill -9 the orchestrator and start it again as it was, as a supervisor would."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.stop()
+        self.process = self.process.respawn()
+        self.process.wait_http(f"{self.url}/healthz", timeout_s)
+
+    def ledger_as(self, account: LocalAccount | None) -> LedgerClient:
+        return LedgerClient(self.rpc_url, self.ledger, account=account, timeout=30)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def start_pool(
+    logs: Path,
+    rpc_url: str,
+    redis_url: str,
+    owner: LocalAccount,
+    trainer: str,
+    *,
+    placement: Placement | None = None,
+    min_stake_wei: int = 10**18,
+    reward_per_unit_wei: int = 1,
+    unbonding_blocks: int | None = None,
+    validators: Sequence[str] = (),
+    fund_wei: int = 0,
+    members: Sequence[LocalAccount] = (),
+    placeholder_version: int | None = None,
+    relays: str = NO_RELAYS,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 30.0,
+) -> Pool:
+    """The pool on the chain (`create_pool`), `members` staked at the minimum, and its
+    orchestrator started where `placement` puts it (default: this machine's loopback), with
+    `env` added to the variables every orchestrator needs. `placeholder_version`: a fresh Redis
+    with that policy announced, for an orchestrator with no trainer behind it."""
+    place = placement or OnThisMachine()
+    orchestrator_url = url(place, "orchestrator")
+    ledger, pool_id = create_pool(
+        rpc_url, owner, orchestrator_url, trainer,
+        min_stake_wei=min_stake_wei, reward_per_unit_wei=reward_per_unit_wei,
+        unbonding_blocks=unbonding_blocks, validators=validators, fund_wei=fund_wei,
+    )  # fmt: skip
+    for member in members:
+        stake_member(rpc_url, ledger, pool_id, member, min_stake_wei)
+    if placeholder_version is not None:
+        announce_placeholder_policy(redis_url, placeholder_version)
+    variables = {
+        **orchestrator_env(place.port("orchestrator"), redis_url, rpc_url, ledger, pool_id, relays),
+        "PRIME_ORCH_HOST": place.bind("orchestrator"),
+        **(env or {}),
+    }
+    pool = Pool(
+        orchestrator_url, rpc_url, redis_url, ledger, pool_id, logs, variables,
+        place.argv("orchestrator", []),
+    )  # fmt: skip
+    pool.start(timeout_s)
+    return pool

@@ -12,16 +12,9 @@ import redis
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
-from prime_swarm.deploy.local.pool import (
-    announce_placeholder_policy,
-    create_pool,
-    orchestrator_env,
-    stake_member,
-    start_orchestrator,
-)
+from prime_swarm.deploy.local.pool import Pool, stake_member, start_pool
 from prime_swarm.libs.chain.anvil import Anvil, AnvilError, find_anvil
 from prime_swarm.libs.chain.client import LedgerClient
-from prime_swarm.libs.localnet.ports import free_port
 from prime_swarm.libs.localnet.process import ManagedProcess
 
 
@@ -50,25 +43,41 @@ MIN_STAKE = 10**18
 
 @dataclass
 class LivePool:
-    url: str
-    pool_id: int
+    """The pool `start_pool` brought up, with the accounts a test plays."""
+
+    pool: Pool
     owner: LocalAccount
     member: LocalAccount
     outsider: LocalAccount
     redis: redis.Redis
-    rpc_url: str
-    ledger: str
-    process: ManagedProcess
+
+    @property
+    def url(self) -> str:
+        return self.pool.url
+
+    @property
+    def pool_id(self) -> int:
+        return self.pool.pool_id
+
+    @property
+    def rpc_url(self) -> str:
+        return self.pool.rpc_url
+
+    @property
+    def ledger(self) -> str:
+        return self.pool.ledger
+
+    @property
+    def process(self) -> ManagedProcess:
+        assert self.pool.process is not None
+        return self.pool.process
 
     def restart(self) -> None:
         """kill -9 the orchestrator and start a new one on the same Redis, port and settings."""
-        self.process.kill()
-        self.process.stop()
-        self.process = self.process.respawn()
-        self.process.wait_http(f"{self.url}/healthz", timeout_s=30)
+        self.pool.restart()
 
     def ledger_as(self, account: LocalAccount) -> LedgerClient:
-        return LedgerClient(self.rpc_url, self.ledger, account=account, timeout=30)
+        return self.pool.ledger_as(account)
 
     def new_member(self) -> LocalAccount:
         """A fresh funded key, staked at the minimum."""
@@ -82,31 +91,22 @@ def live_pool(
     anvil: Anvil, redis_url: str, logs: Path, env: dict[str, str] | None = None
 ) -> Iterator[LivePool]:
     owner, member, outsider = anvil.dev_accounts(1)[0], Account.create(), Account.create()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     # A short unbonding period, so tests can mine past it.
-    ledger, pool_id = create_pool(anvil.rpc_url, owner, url, TRAINER, unbonding_blocks=20)
-    announce_placeholder_policy(redis_url, version=5)
-    stake_member(anvil.rpc_url, ledger, pool_id, member, MIN_STAKE)
-    r = redis.Redis.from_url(redis_url)
-    orchestrator = start_orchestrator(
-        logs,
-        {
-            **orchestrator_env(port, redis_url, anvil.rpc_url, ledger, pool_id),
+    with start_pool(
+        logs, anvil.rpc_url, redis_url, owner, TRAINER,
+        min_stake_wei=MIN_STAKE, unbonding_blocks=20, members=[member], placeholder_version=5,
+        env={
             # The group size is the pool's recipe, shared by every service.
             "PRIME_RECIPE_GROUP_SIZE": "2",
             "PRIME_ORCH_MAX_OPEN_LEASES_PER_WORKER": "3",
             **(env or {}),
         },
-    )
-    pool = LivePool(url, pool_id, owner, member, outsider, r, anvil.rpc_url, ledger, orchestrator)
-    try:
-        yield pool
-    finally:
-        # pool.process, not orchestrator: a test that restarted the orchestrator holds a new
-        # one, and stopping the first left the second running after every `make test`.
-        pool.process.stop()
-        r.close()
+    ) as pool:  # fmt: skip
+        r = redis.Redis.from_url(redis_url)
+        try:
+            yield LivePool(pool, owner, member, outsider, r)
+        finally:
+            r.close()
 
 
 @pytest.fixture(scope="session")

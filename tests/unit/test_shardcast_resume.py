@@ -11,7 +11,13 @@ from pathlib import Path
 from eth_account import Account
 from scripted_relay import Reply, ScriptedRelay
 
-from prime_swarm.libs.shardcast import RelayPool, build_manifest, download_version, routes
+from prime_swarm.libs.shardcast import (
+    NotAvailableError,
+    RelayPool,
+    build_manifest,
+    download_version,
+    routes,
+)
 from prime_swarm.libs.shardcast.manifest import iter_shard_bytes
 from prime_swarm.protocol.manifest_signing import sign_manifest
 
@@ -105,3 +111,56 @@ def test_a_transfers_deadline_is_its_share_of_the_slowest_link_tolerated() -> No
     # Alone on the link, a transfer gets the whole floor: a trickle is cut as soon as before.
     alone = FetchOptions(timeout_s=10.0, max_workers=1)
     assert transfer_deadline(shard, alone) < transfer_deadline(shard, opts) / 4
+
+
+def _flaky_relay_download(tmp_path: Path, per_attempt: int) -> tuple[int, Exception | None]:
+    """One 6 MiB shard from one relay that cuts every transfer after `per_attempt` new bytes
+    (resuming where the last one stopped), with a budget of 3 attempts. Returns the attempts
+    the relay saw and the download's error, if any."""
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(os.urandom(6 << 20))
+    signed = sign_manifest(build_manifest(d, 1, None, 8 << 20, TRAINER.address), TRAINER)
+    f = signed.manifest.files[0]
+    data = (d / f.name).read_bytes()
+    seen = {"attempts": 0}
+
+    def relay(path: str, headers: Message) -> Reply:
+        if path.split("?")[0] == routes.manifest_path(1):
+            return Reply(body=signed.model_dump_json().encode())
+        seen["attempts"] += 1
+        m = re.match(r"bytes=(\d+)-$", headers.get("range") or "bytes=0-")
+        start = int(m.group(1))  # type: ignore[union-attr]
+        cut = per_attempt if start + per_attempt < len(data) else None
+        if start == 0:
+            return Reply(body=data, cut_after=cut)
+        return Reply(
+            206,
+            body=data[start:],
+            headers={"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"},
+            cut_after=cut,
+        )
+
+    r = ScriptedRelay(relay)
+    try:
+        download_version([r.url], 1, tmp_path / "out", TRAINER.address, attempts_per_shard=3)
+    except NotAvailableError as exc:
+        return seen["attempts"], exc
+    finally:
+        r.close()
+    assert (tmp_path / "out" / f.name).read_bytes() == data
+    return seen["attempts"], None
+
+
+def test_an_attempt_that_moved_the_shard_forward_is_given_back(tmp_path: Path) -> None:
+    # Cut off every 1.5 MiB: four attempts for a 6 MiB shard within a budget of three.
+    attempts, error = _flaky_relay_download(tmp_path, 3 << 19)
+    assert error is None
+    assert attempts == 4
+
+
+def test_a_relay_that_trickles_between_cuts_still_exhausts_the_budget(tmp_path: Path) -> None:
+    # 64 KiB an attempt is not progress worth a retry: three attempts, then the shard fails.
+    attempts, error = _flaky_relay_download(tmp_path, 64 << 10)
+    assert attempts == 3
+    assert error is not None and "in 3 attempts" in str(error)
