@@ -5,7 +5,7 @@ The second version is one AdamW-shaped step away from the first: every fp32 mast
 by the learning rate of the preset (5e-6) in a random direction, which is what an Adam step's
 normalised update looks like element by element, and is then rounded to bf16 again. Its delta is
 what a real step's delta costs in bytes to within the share of words the rounding flips (a real
-step's share is measured by `python -m bench.wan --only delta-ratio`, over steps of the network).
+step's share is measured by `python -m bench.wan --only deltas`, over steps of the network).
 Both are built once into .cache/wan.
 """
 

@@ -109,9 +109,18 @@ def load_weights_like(base: CausalLM, model_dir: str | Path) -> CausalLM | None:
         return None
     module = copy.deepcopy(base.module)
     try:
-        # strict: the same names, and load_state_dict refuses other shapes; values are cast
-        # to the loaded model's dtype, as from_pretrained(dtype=...) does.
-        module.load_state_dict(load_file(weights[0], device=str(base.device)), strict=True)
+        state = load_file(weights[0], device=str(base.device))
+        expected = module.state_dict()
+        # The same names, but a tied weight (a head that is the embedding) is stored once:
+        # a name may be missing only if its tensor is one the file fills under another name.
+        filled = {expected[k].data_ptr() for k in state if k in expected}
+        if state.keys() - expected.keys() or any(
+            expected[k].data_ptr() not in filled for k in expected.keys() - state.keys()
+        ):
+            return None
+        # load_state_dict refuses other shapes; values are cast to the loaded model's dtype,
+        # as from_pretrained(dtype=...) does.
+        module.load_state_dict(state, strict=False)
     except (RuntimeError, OSError, ValueError):
         return None
     return CausalLM(module.eval(), base.tokenizer, path.resolve())

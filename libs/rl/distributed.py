@@ -259,10 +259,18 @@ def _unshared(state: dict[str, Any], live: list[torch.Tensor]) -> dict[str, Any]
     # A gathered or offloaded tensor is new memory, but a CPU tensor that needed neither (every
     # tensor of an unsharded CPU model, AdamW's scalar `step` under FSDP) comes back as the live
     # one: a checkpoint held in memory would then keep moving with training. Copy those.
+    # One copy per tensor, not per name: tied weights (a head that is the embedding) stay tied,
+    # or a published version would carry the embedding twice.
     ptrs = {t.untyped_storage().data_ptr() for t in live}
+    copies: dict[tuple[int, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
 
     def copy(t: torch.Tensor) -> torch.Tensor:
-        return t.clone() if t.untyped_storage().data_ptr() in ptrs else t
+        if t.untyped_storage().data_ptr() not in ptrs:
+            return t
+        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+        if key not in copies:
+            copies[key] = t.clone()
+        return copies[key]
 
     return tree_map_only(torch.Tensor, copy, state)
 

@@ -440,8 +440,9 @@ def _rebuild(f: FileEntry, d: FileDelta, parent: Path, staging: Path) -> bool:
         delta_path.unlink(missing_ok=True)
 
 
-REBUILD_PIECE = 4 * 1024 * 1024
-"""Even (a word never straddles two pieces) and block-aligned (each piece is one direct write)."""
+REBUILD_PIECE = delta.BLOCK_BYTES
+"""One block of the delta's order (a delta patches whole blocks), and page-aligned (each piece is
+one direct write)."""
 
 
 def _patch_through(

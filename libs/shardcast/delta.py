@@ -4,40 +4,56 @@ how much.
 An RL step at a small learning rate, with fp32 master weights published in bf16, leaves most
 bf16 values bit-identical, so a new version differs from its parent in a small fraction of its
 16-bit words, and a changed value has mostly moved by one unit in the last place. A delta stores
-the gaps between changed word positions and, for each changed word, its difference from the old
-word as a 16-bit integer (new - old, wrapping): a bf16 value nudged to its neighbour differs by
-+-1 there, whatever its bits (an XOR of the two flips a run of low bits on every carry). Both
-arrays are written as LEB128 varints (a gap under 128 and a difference of +-1..63 take one
-byte; differences zigzag-mapped) and zlib-compressed. Words, not elements, keep it
-dtype-agnostic: the safetensors header and fp32 tensors are handled the same way, at worst a
-changed fp32 element costs two words.
+where the changed words are and, for each, its difference from the old word as a 16-bit integer
+(new - old, wrapping): a bf16 value nudged to its neighbour differs by +-1 there, whatever its
+bits (an XOR of the two flips a run of low bits on every carry).
 
-Against the previous codec (gaps and XORs split into byte planes, zlib 1), one AdamW-shaped step
-of SmolLM2-135M in bf16 went from 8.77 to 6.88 MB (-22 %) for an encode of about 2 s; over 8
-real RL steps of the network a delta is 1.04-1.26 % of the file after the first step and 2.6 %
-on the first (bench/results/wan.json `deltas`, docs/wide-area.md).
+Where the changes fall is predictable from the parent, which the receiver holds: an update of a
+given size crosses a bf16 rounding boundary far more often on a small weight (fine spacing) than
+on a large one, so the chance that a word changed depends on its exponent. The codec therefore
+walks each block of `BLOCK_WORDS` words in the order of the parent words' bits 7-14 (a bf16
+value's exponent; a stable sort, so ties keep their places) and records changes in that order:
+changes bunch by exponent class, and the gaps between them and the differences (similar within
+a class) compress to about half. Measured on 8 real RL steps of SmolLM2-135M
+(bench/results/wan.json `deltas`): the position entropy given the exponent was 0.25-0.6 of
+the unconditioned one. The receiver recomputes the same order from its own parent block before
+patching it.
+
+Gaps between changed positions (in that order) and zigzagged differences are LEB128 varints
+(most take one byte), each stream compressed with LZMA (xz, preset 6): 30-40 % below zlib on
+these streams, because a step's changes repeat (a tensor's rows, runs of one difference).
+Words, not elements, keep it dtype-agnostic: the safetensors header and fp32 tensors go through
+the same path (for them the "exponent" is mantissa bits: a different, still lossless, order).
 
 Deltas come from relays; their bytes are checked against the signed manifest before `apply`
-runs, and the rebuilt file is checked against the signed hash of the full file after. `apply`
-still parses defensively (bounded decompression, every varint and position checked): a trainer
-bug must not become a crash or an out-of-bounds write.
+runs, and the rebuilt file is checked against the signed hash of the full file after. `parse`
+still decodes defensively (bounded decompression and decoder memory, every varint and position
+checked): a trainer bug must not become a crash or an out-of-bounds write.
 """
 
 from __future__ import annotations
 
+import lzma
 import struct
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-MAGIC = b"PSD3"
+MAGIC = b"PSD4"
 # magic, file length in bytes, changed words, packed gap bytes, packed difference bytes
 _HEADER = struct.Struct("<4sQQQQ")
 WORD = np.dtype("<u2")
-# The encode sits on the trainer's path to every version, before the manifest exists.
-ZLIB_LEVEL = 6
+BLOCK_WORDS = 1 << 21
+"""Words ordered together (4 MiB): a rebuild patches the parent a whole block at a time, and a
+block's order costs one radix sort of its 8-bit keys."""
+BLOCK_BYTES = BLOCK_WORDS * WORD.itemsize
+# Preset 6 (8 MiB dictionary) compressed these streams as well as 9 and 9e, in as long. The
+# encode sits on the trainer's path to every version, before the manifest exists.
+_XZ = {"format": lzma.FORMAT_XZ, "check": lzma.CHECK_NONE, "preset": 6}
+# Decoder memory a delta may ask for: preset 6 needs ~9 MiB; a hostile stream's header can
+# ask for 1.5 GiB.
+_XZ_MEMLIMIT = 64 << 20
 _VARINT_MAX = 5  # bytes of a varint up to 2**35: gaps are under 2**32, differences 2**16
 
 
@@ -50,16 +66,32 @@ def encode(parent: bytes | memoryview, new: bytes | memoryview) -> bytes | None:
     if len(parent) != len(new):
         return None
     old_w, new_w = _words(parent), _words(new)
-    changed = np.flatnonzero(old_w != new_w)
+    where: list[np.ndarray] = []  # changed positions, in the codec's order
+    moved: list[np.ndarray] = []  # their differences, new - old, wrapping
+    for start in range(0, old_w.size, BLOCK_WORDS):
+        old_b, new_b = old_w[start : start + BLOCK_WORDS], new_w[start : start + BLOCK_WORDS]
+        if np.array_equal(old_b, new_b):
+            continue  # most blocks of a small step: skip the sort
+        order = _block_order(old_b)
+        changed = np.flatnonzero(old_b[order] != new_b[order])
+        where.append(changed + start)
+        at = order[changed]
+        moved.append(new_b[at] - old_b[at])
+    changed = np.concatenate(where) if where else np.zeros(0, np.int64)
+    diffs = (np.concatenate(moved) if moved else np.zeros(0, WORD)).view(np.int16).astype(np.int64)
     gaps = np.diff(changed, prepend=-1)  # >= 1 each; the first from -1
-    diffs = (new_w[changed] - old_w[changed]).view(np.int16).astype(np.int64)  # wraps mod 2**16
     streams = [_varints(gaps), _varints((diffs << 1) ^ (diffs >> 63))]  # differences zigzagged
-    # zlib releases the GIL: the two streams compress side by side (level 6 on both, one after
-    # the other, doubled the encode of a SmolLM2 version to 2.6 s).
+    # LZMA releases the GIL: the two streams compress side by side.
     with ThreadPoolExecutor(2) as pool:
-        packed, moved = pool.map(lambda raw: zlib.compress(raw, ZLIB_LEVEL), streams)
-    header = _HEADER.pack(MAGIC, len(new), len(changed), len(packed), len(moved))
-    return header + packed + moved
+        packed, moved_packed = pool.map(lambda raw: lzma.compress(raw, **_XZ), streams)
+    header = _HEADER.pack(MAGIC, len(new), len(changed), len(packed), len(moved_packed))
+    return header + packed + moved_packed
+
+
+def _block_order(words: np.ndarray) -> np.ndarray:
+    """A block's word indices in the codec's order: by bits 7-14 of each parent word (a bf16
+    value's exponent), stably (numpy sorts 8-bit keys by radix)."""
+    return np.argsort((words >> 7).astype(np.uint8), kind="stable")
 
 
 def changed_share(
@@ -76,9 +108,9 @@ def changed_share(
 
 
 BYTES_PER_CHANGED_WORD = 2.0
-"""What a changed word costs in a delta at most, a little above the measured 0.9-1.2 (SmolLM2
-and a 104M Qwen2 in bf16, lr 5e-6 and 1e-6) and 1.6-2 (random positions and values, tests):
-the estimate that decides whether to encode."""
+"""What a changed word costs in a delta at most, above the measured 0.5-1.2 (SmolLM2 and a
+104M Qwen2 in bf16, lr 5e-6 and 1e-6) and 1.6-2 (random positions and values, tests): the
+estimate that decides whether to encode."""
 
 
 def apply(parent: bytes | memoryview, delta: bytes | memoryview) -> bytes:
@@ -91,20 +123,33 @@ def apply(parent: bytes | memoryview, delta: bytes | memoryview) -> bytes:
 
 @dataclass(frozen=True)
 class Changes:
-    """A parsed delta: the changed words' positions (ascending) and what to add to each parent
-    word (mod 2**16). Applied a piece at a time, a multi-GB file is rebuilt through one small
+    """A parsed delta: the changed words' positions in the codec's order (ascending; each block
+    of `BLOCK_WORDS` words keeps its own positions) and what to add to each parent word
+    (mod 2**16). Applied a block at a time, a multi-GB file is rebuilt through one small
     buffer."""
 
     positions: np.ndarray
     diffs: np.ndarray
+    words: int  # of the file, its last word padded
 
     def patch(self, piece: bytearray | memoryview, offset: int) -> None:
-        """Apply, in place, the changes that fall in `piece`: the file's bytes from `offset`
-        (even), of even length (an odd-sized file's last piece padded with a zero byte)."""
+        """Apply, in place, the changes that fall in `piece`: the parent's bytes from `offset`,
+        whole blocks (the file's last one may be short; an odd-sized file's last piece padded
+        with a zero byte). Each block's order is read from the parent bytes before they
+        change."""
         first = offset // WORD.itemsize
         words = np.frombuffer(piece, dtype=WORD)
+        if offset % BLOCK_BYTES or (words.size % BLOCK_WORDS and first + words.size != self.words):
+            raise ValueError("a delta patches whole blocks")
         lo, hi = np.searchsorted(self.positions, (first, first + words.size))
-        words[self.positions[lo:hi] - first] += self.diffs[lo:hi]  # uint16: wraps as encoded
+        for start in range(0, words.size, BLOCK_WORDS):
+            end = np.searchsorted(self.positions[lo:hi], first + start + BLOCK_WORDS) + lo
+            if end == lo:
+                continue
+            block = words[start : start + BLOCK_WORDS]
+            at = _block_order(block)[self.positions[lo:end] - first - start]
+            block[at] += self.diffs[lo:end]  # uint16: wraps as encoded
+            lo = end
 
 
 def parse(delta: bytes | memoryview, length: int) -> Changes:
@@ -130,18 +175,20 @@ def parse(delta: bytes | memoryview, length: int) -> Changes:
     positions = np.cumsum(gaps) - 1
     if n and positions[-1] >= n_words:
         raise DeltaError("delta positions out of range")
+    # Within each block a position is a rank in the block's order: no two alike.
     diffs = (zigzag >> 1) ^ -(zigzag & 1)  # back from zigzag, -32768..32767
-    return Changes(positions, diffs.astype(np.int16).view(WORD))
+    return Changes(positions, diffs.astype(np.int16).view(WORD), n_words)
 
 
 def _inflate(packed: memoryview, limit: int, what: str) -> bytes:
-    """Decompress at most `limit` bytes: a hostile stream cannot balloon."""
+    """Decompress at most `limit` bytes with bounded decoder memory: a hostile stream cannot
+    balloon."""
     try:
-        unpacker = zlib.decompressobj()
+        unpacker = lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=_XZ_MEMLIMIT)
         raw = unpacker.decompress(packed, limit + 1)
-    except zlib.error as exc:
+    except lzma.LZMAError as exc:
         raise DeltaError(f"delta {what} do not decompress: {exc}") from None
-    if len(raw) > limit or unpacker.unconsumed_tail or unpacker.unused_data or not unpacker.eof:
+    if len(raw) > limit or unpacker.unused_data or not unpacker.eof:
         raise DeltaError(f"delta {what} have the wrong length")
     return raw
 

@@ -92,14 +92,15 @@ def test_direct_can_be_turned_off(tmp_path: Path, payload: bytes) -> None:
     assert (tmp_path / "f.bin").read_bytes() == payload
 
 
-@pytest.mark.parametrize("piece", [BLOCK, 3 * BLOCK])
+@pytest.mark.parametrize("piece", [delta.BLOCK_BYTES, 3 * delta.BLOCK_BYTES])
 def test_a_rebuild_streams_the_parent_through_small_pieces(tmp_path: Path, piece: int) -> None:
     """`client._patch_through`: parent read, patched, hashed and written a piece at a time;
     the file and its hash are the new version's whatever the piece size."""
     rng = np.random.default_rng(3)
-    old = rng.integers(0, 256, 10 * BLOCK + 5, dtype=np.uint8).tobytes()  # odd, unaligned end
+    size = 4 * delta.BLOCK_BYTES + 5  # odd, unaligned end
+    old = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
     new = bytearray(old)
-    for at in (0, BLOCK - 1, BLOCK, 7 * BLOCK + 3, len(new) - 1):
+    for at in (0, BLOCK - 1, delta.BLOCK_BYTES, 3 * delta.BLOCK_BYTES + 3, len(new) - 1):
         new[at] ^= 0x5A
     d = delta.encode(old, bytes(new))
     assert d is not None
@@ -112,6 +113,13 @@ def test_a_rebuild_streams_the_parent_through_small_pieces(tmp_path: Path, piece
     assert digest == hashlib.sha256(new).hexdigest()
 
 
+def test_a_delta_patches_whole_blocks_only() -> None:
+    old = bytes(2 * delta.BLOCK_BYTES)
+    changes = delta.parse(delta.encode(old, old) or b"", len(old))
+    with pytest.raises(ValueError, match="whole blocks"):
+        changes.patch(bytearray(BLOCK), 0)  # a piece that ends mid-block
+
+
 def test_a_short_parent_is_refused(tmp_path: Path) -> None:
     old = bytes(3 * BLOCK)
     d = delta.encode(old, old)
@@ -119,5 +127,5 @@ def test_a_short_parent_is_refused(tmp_path: Path) -> None:
     (tmp_path / "parent").write_bytes(old[:-10])  # shrank after it was checked
     out = OutputFile.create(tmp_path / "new", len(old))
     with open(tmp_path / "parent", "rb", buffering=0) as src, pytest.raises(delta.DeltaError):
-        _patch_through(src.fileno(), out, delta.parse(d, len(old)), len(old), BLOCK)
+        _patch_through(src.fileno(), out, delta.parse(d, len(old)), len(old), delta.BLOCK_BYTES)
     out.close()
