@@ -4,7 +4,9 @@ bytes do not depend on where the pool runs).
 
 Each published version (bf16, what workers load) is copied aside as the run makes it; then each
 is encoded against its parent with the codec the trainer ships (libs/shardcast/delta.py), and
-rebuilt and compared byte for byte. `delta_bytes_ratio` is the largest delta over the full file.
+rebuilt and compared byte for byte. `delta_bytes_ratio` is the mean delta over the full file
+(the bytes a run ships per version), beside the largest (`max_bytes_ratio`: the first step's)
+and the largest after the first.
 """
 
 from __future__ import annotations
@@ -92,9 +94,14 @@ def measure(versions: list[Path]) -> dict[str, Any]:
                 "apply_s": round(apply_s, 2),
             }
         )
+    ratios = [r["bytes_ratio"] for r in rows]
     return {
-        "delta_bytes_ratio": max(r["bytes_ratio"] for r in rows),
-        "mean_bytes_ratio": round(sum(r["bytes_ratio"] for r in rows) / len(rows), 5),
+        # Bytes a run ships per version, over the file: what a delta costs the wide area.
+        "delta_bytes_ratio": round(sum(ratios) / len(ratios), 5),
+        "max_bytes_ratio": max(ratios),
+        # After the first step: Adam's first update moves every weight with a gradient by the
+        # whole learning rate (its normalised update is the gradient's sign), later ones less.
+        "after_first_max_bytes_ratio": max(ratios[1:], default=None),
         "codec": delta.MAGIC.decode(),
         "per_version": rows,
     }

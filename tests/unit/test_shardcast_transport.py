@@ -174,3 +174,36 @@ def test_stale_idle_connections_are_replaced(closing_server: str) -> None:
         assert _get(transport, closing_server) == b"ok"
     finally:
         transport.close()
+
+
+def test_a_paced_large_body_then_a_small_one_on_the_same_connection() -> None:
+    """A large body is read with a receive low-water mark (fewer wake-ups on a shaped link); its
+    tail, and the next response on the kept-alive connection, read without it: neither waits
+    for bytes that never come (either would end in a read timeout)."""
+    big = bytes(range(256)) * (12 * 1024)  # 3 MiB
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            for body in (big, b"small"):
+                conn.recv(65536)  # the request
+                conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+                for at in range(0, len(body), 16384):  # a shaped link: small pieces
+                    conn.sendall(body[at : at + 16384])
+                    time.sleep(0.0005)
+            conn.recv(1)  # held open until the client is done
+
+    threading.Thread(target=serve, daemon=True).start()
+    transport = ShardTransport(timeout_s=2)
+    try:
+        assert _get(transport, f"http://127.0.0.1:{port}/big") == big
+        (conn,) = next(iter(transport._idle.values()))
+        assert conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+        started = time.monotonic()
+        assert _get(transport, f"http://127.0.0.1:{port}/small") == b"small"
+        assert time.monotonic() - started < 1.0
+    finally:
+        transport.close()
+        server.close()
