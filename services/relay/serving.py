@@ -195,7 +195,13 @@ def _follow(
     m = _OPEN_RANGE.fullmatch(request.headers.get("range", ""))
     start = int(m.group(1)) if m and int(m.group(1)) < writer.shard.size else 0
     try:
-        follower = ShardFollower(writer, start, idle_timeout_s=wait)
+        # Silent upstream for the relay's own read timeout: its pull is failing and will resume
+        # or reset the writer (which cuts this stream anyway). Cutting at the client's `wait`
+        # (5 s) cut 24 followers of one relay in the time-to-64 run while its pull, starved of
+        # CPU, paused and went on.
+        follower = ShardFollower(
+            writer, start, idle_timeout_s=wait + state.settings.request_timeout_s
+        )
     except FileNotFoundError:
         return None
     return FollowResponse(follower, state.metrics, headers)
