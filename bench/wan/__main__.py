@@ -68,6 +68,8 @@ def summary(a: Arrivals) -> dict[str, Any]:
         "bytes": a.bytes,
         "publish_s": a.publish_s,
         "retries": a.retries,
+        "cpu_s": a.cpu_s,
+        "cpu_floor_s": round(sum(a.cpu_s.values()) / (os.cpu_count() or 1), 1),
         "arrivals_s": sorted(s for s in a.seconds.values() if s is not None),
         "notes": a.notes[:6],
     }

@@ -69,6 +69,11 @@ class Arrivals:
     bytes: int = 0
     retries: int = 0
     notes: list[str] = field(default_factory=list)
+    # CPU-seconds the case spent on this machine, by part: followers (each from start to its
+    # exit), the origin and relays, the link emulator. Over the machine's cores, the least
+    # wall time the case could take here whatever the links: beside the link bound, it says
+    # which of the two a case is up against.
+    cpu_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def completed(self) -> bool:
@@ -161,6 +166,8 @@ class Delivery:
         while not all(r.exists() for r in ready) and time.monotonic() < settle:
             time.sleep(0.2)
         time.sleep(2.0)
+        servers_before = sum(c for c in (p.cpu_seconds() for p in self.procs) if c is not None)
+        link_before = self.live.link_stats()["cpu_s"]
         t0 = time.time()
         began = time.monotonic()
         publish()
@@ -180,6 +187,12 @@ class Delivery:
         for p in running.values():
             p.stop(timeout_s=5)
         arrivals = Arrivals(seconds={}, publish_s=round(publish_s, 2))
+        servers = [p.cpu_seconds() for p in self.procs]
+        arrivals.cpu_s = {
+            "followers": 0.0,
+            "servers": round(sum(c for c in servers if c is not None) - servers_before, 1),
+            "link": round(self.live.link_stats()["cpu_s"] - link_before, 1),
+        }
         for name, path in results.items():
             try:
                 r = json.loads(path.read_text())
@@ -189,6 +202,7 @@ class Delivery:
             done = r["done_at"]
             arrivals.seconds[name] = None if done is None else round(done - t0, 3)
             arrivals.retries += r["attempts"] - 1
+            arrivals.cpu_s["followers"] = round(arrivals.cpu_s["followers"] + r["cpu_s"], 1)
             arrivals.notes += [f"{name}: {e}" for e in r["errors"][:2]]
         return arrivals
 

@@ -91,6 +91,9 @@ def main() -> int:
             {
                 "done_at": done_at,
                 "attempts": attempts,
+                # This machine's CPU is shared by every follower: what one cost, to tell a
+                # link-bound case from a CPU-bound one.
+                "cpu_s": round(time.process_time(), 3),
                 "errors": errors,
                 "relays": pool.report(),
                 "demoted": pool.demoted,

@@ -24,6 +24,7 @@ HIDDEN = {
     "relay": ("mode", "max_manifest_bytes"),
 }
 # Spellings of earlier releases, still accepted (hidden from --help).
+KEEP_ALIVE_S = 30
 OLD_FLAGS = {"request_timeout_s": ["timeout"], "poll_interval_s": ["poll-interval"]}
 
 
@@ -68,6 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         log_config=None,  # uvicorn's loggers go through our handler, in our format
         access_log=settings.access_log,
         timeout_graceful_shutdown=5,
+        # Well above a client's keep-alive expiry (httpx: 5 s) plus a wide-area round trip.
+        # At uvicorn's default (5 s) the two expired together: a client reused a connection the
+        # relay was closing ("Server disconnected without sending a response"), which failed a
+        # publish in the time-to-64 run and killed the trainer in the first pool run across the
+        # regions. Idle connections cost a file descriptor each; keeping them saves a handshake
+        # (a 90-250 ms round trip) per reuse.
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     return 0
 

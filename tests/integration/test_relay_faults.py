@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -305,3 +306,20 @@ def test_origin_streams_a_shard_while_its_upload_is_still_arriving(
             release.set()
             t.join()
     assert httpx.get(url).content == data  # the good upload is what the origin holds
+
+
+def test_an_idle_keep_alive_connection_outlives_a_clients_expiry(
+    tmp_path: Path, trainer: LocalAccount, servers: list[Server]
+) -> None:
+    """A client keeps an idle connection up to 5 s (httpx's default) before reusing it; the
+    relay must not close it first, or the reuse races its close (a request lost as "server
+    disconnected", over a wide-area round trip)."""
+    origin = _origin(tmp_path, trainer, servers)
+    host, port = origin.url.removeprefix("http://").split(":")
+    request = f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request)
+        assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(6.0)  # past both the client's expiry and uvicorn's default keep-alive
+        conn.sendall(request)
+        assert conn.recv(65536).startswith(b"HTTP/1.1 200")
