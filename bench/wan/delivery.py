@@ -69,7 +69,7 @@ class Arrivals:
     bytes: int = 0
     retries: int = 0
     notes: list[str] = field(default_factory=list)
-    # CPU-seconds the case spent on this machine, by part: followers (each from start to its
+    # CPU-seconds the case spent on this machine, by part: followers (each from ready to its
     # exit), the origin and relays, the link emulator. Over the machine's cores, the least
     # wall time the case could take here whatever the links: beside the link bound, it says
     # which of the two a case is up against.
