@@ -96,6 +96,14 @@ def run(work: Path, live: LiveTestbed | None) -> dict[str, Any]:
     try:
         topo = net.start()
         ledger = LedgerClient(topo.rpc_url, topo.ledger, account=None, timeout=30)
+        # The baseline once every worker has staked: each joins the pool by itself after it
+        # starts, and a baseline read before that (a stake of 0) made every later reading look
+        # like a change.
+        deadline = time.monotonic() + 120
+        while not all(ledger.is_member(topo.pool_id, w) for w in topo.workers):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the pool's workers did not all join within 120 s")
+            time.sleep(1.0)
         stakes = {w: ledger.stake_of(topo.pool_id, w) for w in topo.workers}
         started = time.time()
 
