@@ -360,7 +360,8 @@ async def _serve_until_signalled(cfg: LinkConfig) -> None:
 
 def _run(main: Coroutine[Any, Any, None]) -> None:
     """On uvloop where installed (uvicorn's standard extra brings it): 2.6 CPU-s per GB
-    forwarded against asyncio's 3.1, 32 paced flows through one process."""
+    forwarded against asyncio's 3.1 for 32 paced flows through one process (a one-off
+    measurement; `make bench-wan` reports the emulator's CPU per GB in every run)."""
     try:
         import uvloop
     except ImportError:
