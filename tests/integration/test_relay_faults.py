@@ -6,9 +6,9 @@ mid-broadcast, several parents, the `?wait=` bound, and the `prime-relay fetch` 
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -316,10 +316,16 @@ def test_an_idle_keep_alive_connection_outlives_a_clients_expiry(
     disconnected", over a wide-area round trip)."""
     origin = _origin(tmp_path, trainer, servers)
     host, port = origin.url.removeprefix("http://").split(":")
-    request = f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
-    with socket.create_connection((host, int(port)), timeout=10) as conn:
-        conn.sendall(request)
-        assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read() and conn.sock is not None
+        kept = conn.sock
         time.sleep(6.0)  # past both the client's expiry and uvicorn's default keep-alive
-        conn.sendall(request)
-        assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+        # On a connection the relay had closed this raises RemoteDisconnected (http.client
+        # reconnects only when it knows the socket is gone).
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().status == 200
+        assert conn.sock is kept
+    finally:
+        conn.close()
