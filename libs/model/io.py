@@ -12,6 +12,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -90,6 +91,25 @@ def load_pretrained(
     )
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return CausalLM(module.to(device).eval(), tokenizer, path.resolve())
+
+
+def once_per_tensor(
+    fn: Callable[[torch.Tensor], torch.Tensor],
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`fn` applied once per distinct tensor: names that share one (a head tied to the
+    embedding) share the result, so a copy or a cast keeps the tie, and a file saved from it
+    stores the tensor once."""
+    done: dict[tuple[int, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
+
+    def apply(t: torch.Tensor) -> torch.Tensor:
+        if t.numel() == 0:  # every empty tensor has the same address
+            return fn(t)
+        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+        if key not in done:
+            done[key] = fn(t)
+        return done[key]
+
+    return apply
 
 
 def load_weights_like(base: CausalLM, model_dir: str | Path) -> CausalLM | None:

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from prime_swarm.libs.model.io import once_per_tensor
+
 STATE_FILE = "trainer_state.pt"
 MODEL_DIR = "model"
 PUBLISHED_DIR = "published"
@@ -108,7 +110,8 @@ def save_checkpoint(
             # One cast per tensor, not per name: tied weights (SmolLM2's head is its embedding)
             # must stay one tensor, or the published file carries the embedding twice
             # (325.7 MB instead of 269.1 MB, and a delta that ships each change twice).
-            cast = _cast_keeping_ties(master, publish_dtype)
+            to_dtype = once_per_tensor(lambda t: t.to(publish_dtype))
+            cast = {k: to_dtype(t) if t.is_floating_point() else t for k, t in master.items()}
         # save_pretrained empties the state dict it is handed: each call gets its own.
         module.save_pretrained(tmp / MODEL_DIR, state_dict=dict(master), safe_serialization=True)
         tokenizer.save_pretrained(tmp / MODEL_DIR)
@@ -127,23 +130,6 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
-
-
-def _cast_keeping_ties(
-    weights: dict[str, torch.Tensor], dtype: torch.dtype
-) -> dict[str, torch.Tensor]:
-    """Floating-point tensors in `dtype`; names that share one tensor share its cast."""
-    casts: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
-    out = {}
-    for name, t in weights.items():
-        if not t.is_floating_point():
-            out[name] = t
-            continue
-        key = (t.data_ptr(), tuple(t.shape))
-        if key not in casts or t.numel() == 0:
-            casts[key] = t.to(dtype)
-        out[name] = casts[key]
-    return out
 
 
 def load_state(root: Path, version: int) -> TrainerState | None:

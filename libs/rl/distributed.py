@@ -34,6 +34,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_map, tree_map_only
 
 from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.io import once_per_tensor
 from prime_swarm.libs.rl.forward import PromptCompletion
 from prime_swarm.libs.rl.grpo import Forward, Item, item_tokens
 from prime_swarm.libs.rl.loss import SUMMED
@@ -262,15 +263,10 @@ def _unshared(state: dict[str, Any], live: list[torch.Tensor]) -> dict[str, Any]
     # One copy per tensor, not per name: tied weights (a head that is the embedding) stay tied,
     # or a published version would carry the embedding twice.
     ptrs = {t.untyped_storage().data_ptr() for t in live}
-    copies: dict[tuple[int, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
+    clone = once_per_tensor(torch.Tensor.clone)
 
     def copy(t: torch.Tensor) -> torch.Tensor:
-        if t.untyped_storage().data_ptr() not in ptrs:
-            return t
-        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
-        if key not in copies:
-            copies[key] = t.clone()
-        return copies[key]
+        return clone(t) if t.untyped_storage().data_ptr() in ptrs else t
 
     return tree_map_only(torch.Tensor, copy, state)
 
