@@ -70,6 +70,7 @@ def summary(a: Arrivals) -> dict[str, Any]:
         "retries": a.retries,
         "cpu_s": a.cpu_s,
         "cpu_floor_s": round(sum(a.cpu_s.values()) / (os.cpu_count() or 1), 1),
+        "machine_busy": a.machine_busy,
         "arrivals_s": sorted(s for s in a.seconds.values() if s is not None),
         "notes": a.notes[:6],
     }
