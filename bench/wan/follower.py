@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shutil
 import sys
 import time
@@ -49,6 +50,8 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument("--result", type=Path, required=True)
     a = p.parse_args()
+    # The fetch library's one line per failed transfer attempt, in this follower's log.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     started = time.monotonic()
     pool = RelayPool(a.relays)
     # Started and imported: the bench publishes only once every follower says so.

@@ -19,6 +19,7 @@ Three things keep a download moving when relays misbehave:
 from __future__ import annotations
 
 import http.client
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -57,6 +58,15 @@ MIN_RATE_BPS = 512 * 1024
 # bounded: each given-back attempt brought a MiB more of a shard that cannot exceed its size
 # (a reset, after a bad hash or an ignored Range, is an attempt that is never given back).
 PROGRESS_CREDIT = 1 << 20
+# A transfer under its share of MIN_RATE_BPS for this long is cut and resumed (curl's
+# --speed-limit/--speed-time). Without it a transfer starved among its siblings on a
+# tail-drop home link, still bringing bytes often enough for the read timeout, held its shard
+# until the transfer deadline: 271 s for a 16 MiB shard at 8 transfers, one follower in 64
+# arriving 210 s after the rest (bench/wan, 10 Mbit/s links). A new connection starts with
+# a fresh congestion window; the cut attempt's progress is given back (PROGRESS_CREDIT).
+LOW_SPEED_WINDOW_S = 30.0
+
+log = logging.getLogger(__name__)
 
 
 class ShardSink(Protocol):
@@ -83,6 +93,10 @@ class _DeadlinePassed(ShardcastError):
     """A transfer ran past its own deadline: a trickling relay, cut off to resume elsewhere."""
 
 
+class _TooSlow(_DeadlinePassed):
+    """A transfer under its floor for LOW_SPEED_WINDOW_S: cut off to resume on a new connection."""
+
+
 class Cancelled(ShardcastError):
     pass
 
@@ -95,6 +109,11 @@ def transfer_deadline(shard: ShardInfo, opts: FetchOptions) -> float:
     """Seconds one attempt at `shard` may take: the wait, a timeout, and the minimum rate of
     one of `max_workers` transfers sharing the slowest link tolerated."""
     return opts.wait_s + opts.timeout_s + shard.size * opts.max_workers / MIN_RATE_BPS
+
+
+def low_speed_floor_bps(opts: FetchOptions) -> float:
+    """The least a transfer must average over LOW_SPEED_WINDOW_S: its share of MIN_RATE_BPS."""
+    return MIN_RATE_BPS / max(1, opts.max_workers)
 
 
 def fetch_shard(
@@ -128,11 +147,23 @@ def fetch_shard(
                 sink.reset()  # the relay ignored the Range: take the whole shard again
             return body.length
 
+        floor = low_speed_floor_bps(opts) * LOW_SPEED_WINDOW_S
+        window = [time.monotonic(), 0]  # start of the current low-speed window, bytes in it
+
         def on_chunk(chunk: memoryview) -> None:
             sink.write(chunk)
+            now = time.monotonic()
             # Socket timeouts bound each read, not the transfer: a trickling relay needs this.
-            if deadline is not None and time.monotonic() > deadline:
+            if deadline is not None and now > deadline:
                 raise _DeadlinePassed("transfer deadline passed mid-shard")
+            window[1] += len(chunk)
+            if now - window[0] >= LOW_SPEED_WINDOW_S:
+                if window[1] < floor:
+                    raise _TooSlow(
+                        f"{window[1]} bytes in {now - window[0]:.0f} s, under "
+                        f"{low_speed_floor_bps(opts):.0f} B/s"
+                    )
+                window[:] = [now, 0]
 
         transport.get(url, headers, on_response, on_chunk, opts.timeout_s + opts.wait_s)
     sink.commit()
@@ -252,8 +283,15 @@ def _fetch_with_retries(
             except (RelayRefused, TransportError, _DeadlinePassed) as exc:
                 pool.record_error(relay, f"{type(exc).__name__}: {exc}")
                 reasons.append(f"{relay}: {type(exc).__name__}: {exc}")
-                if sink.received - before >= PROGRESS_CREDIT:
+                moved = sink.received - before
+                if moved >= PROGRESS_CREDIT:
                     left += 1  # cut off, but it moved the shard forward: not a wasted attempt
+                # What a slow or stuck download did, in the worker's log (one line an attempt).
+                log.warning(
+                    "shard %s#%d from %s: %s: %s after %.1f s, %d bytes",
+                    task.file.name, task.shard.index, relay, type(exc).__name__, exc,
+                    time.monotonic() - now, moved,
+                )  # fmt: skip
             else:
                 pool.record_ok(relay, task.shard.size - before, time.monotonic() - now)
                 sink = None  # committed: nothing to abort

@@ -5,10 +5,13 @@ by every lying relay."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+PACE_CHUNK = 4096
 
 
 @dataclass
@@ -20,6 +23,8 @@ class Reply:
     cut_after: int | None = None
     # Content-Length to announce; None: the body's length. -1: none at all.
     content_length: int | None = None
+    # Send the body at this many bytes a second (a relay behind a starved connection).
+    pace_bps: float | None = None
 
 
 Script = Callable[[str, Message], Reply]
@@ -48,8 +53,16 @@ class ScriptedRelay:
                     self.send_header("Connection", "close")
                     self.close_connection = True
                 self.end_headers()
-                self.wfile.write(reply.body[: reply.cut_after])
-                self.wfile.flush()
+                body = reply.body[: reply.cut_after]
+                step = len(body) if reply.pace_bps is None else PACE_CHUNK
+                try:
+                    for i in range(0, len(body), max(1, step)):
+                        self.wfile.write(body[i : i + step])
+                        self.wfile.flush()
+                        if reply.pace_bps is not None:
+                            time.sleep(step / reply.pace_bps)
+                except OSError:  # the client cut the transfer off
+                    self.close_connection = True
 
             def log_message(self, *args: object) -> None:
                 pass

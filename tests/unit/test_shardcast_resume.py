@@ -8,6 +8,7 @@ import re
 from email.message import Message
 from pathlib import Path
 
+import pytest
 from eth_account import Account
 from scripted_relay import Reply, ScriptedRelay
 
@@ -19,6 +20,7 @@ from prime_swarm.libs.shardcast import (
     routes,
 )
 from prime_swarm.libs.shardcast.manifest import iter_shard_bytes
+from prime_swarm.libs.shardcast.transport import FetchOptions
 from prime_swarm.protocol.manifest_signing import sign_manifest
 
 TRAINER = Account.create()
@@ -100,7 +102,6 @@ def test_a_transfers_deadline_is_its_share_of_the_slowest_link_tolerated() -> No
     """Eight transfers sharing a 25 Mbit/s home link (about 390 KB/s each) must finish a
     16 MiB shard within their deadline; one trickling at a tenth of that is cut off."""
     from prime_swarm.libs.shardcast.fetch import transfer_deadline
-    from prime_swarm.libs.shardcast.transport import FetchOptions
     from prime_swarm.protocol.messages import ShardInfo
 
     shard = ShardInfo(index=0, offset=0, size=16 << 20, sha256="0" * 64)
@@ -164,3 +165,46 @@ def test_a_relay_that_trickles_between_cuts_still_exhausts_the_budget(tmp_path: 
     attempts, error = _flaky_relay_download(tmp_path, 64 << 10)
     assert attempts == 3
     assert error is not None and "in 3 attempts" in str(error)
+
+
+def test_a_transfer_under_its_floor_is_cut_and_resumed_on_a_new_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transfer at half its floor (MIN_RATE_BPS shared by 8 transfers) is cut after one
+    low-speed window and resumed by Range; without the cut it would have run to its end within
+    its deadline (6 s of 13 s) at that pace. Scaled up so it takes seconds: a 1 MiB/s floor."""
+    from prime_swarm.libs.shardcast import fetch
+
+    monkeypatch.setattr(fetch, "LOW_SPEED_WINDOW_S", 1.0)
+    monkeypatch.setattr(fetch, "MIN_RATE_BPS", 8 << 20)
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(os.urandom(3 << 20))
+    signed = sign_manifest(build_manifest(d, 1, None, 4 << 20, TRAINER.address), TRAINER)
+    f = signed.manifest.files[0]
+    data = (d / f.name).read_bytes()
+    ranges: list[str | None] = []
+
+    def relay(path: str, headers: Message) -> Reply:
+        if path.split("?")[0] == routes.manifest_path(1):
+            return Reply(body=signed.model_dump_json().encode())
+        ranges.append(headers.get("range"))
+        if len(ranges) == 1:
+            return Reply(body=data, pace_bps=fetch.low_speed_floor_bps(FetchOptions()) / 2)
+        m = re.match(r"bytes=(\d+)-$", ranges[-1] or "")
+        start = int(m.group(1)) if m else 0
+        return Reply(
+            206,
+            body=data[start:],
+            headers={"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"},
+        )
+
+    r = ScriptedRelay(relay)
+    try:
+        download_version([r.url], 1, tmp_path / "out", TRAINER.address, timeout_s=10.0)
+    finally:
+        r.close()
+    assert (tmp_path / "out" / f.name).read_bytes() == data
+    assert len(ranges) == 2 and ranges[0] is None
+    resumed_at = int((ranges[1] or "").removeprefix("bytes=").rstrip("-"))
+    assert 0 < resumed_at < len(data)  # cut mid-shard, its bytes kept
