@@ -39,7 +39,7 @@ from prime_swarm.deploy.testbed.topology import Testbed
 
 from . import deltas, pool
 from .bounds import DIRECT_FORMULA, TREE_FORMULA, direct_bound, tree_bound
-from .delivery import Arrivals, Delivery, followers, log
+from .delivery import REF_VENV, Arrivals, Delivery, followers, log
 from .versions import versions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -231,6 +231,12 @@ def main() -> int:
     p.add_argument("--topology", type=Path, default=TOPOLOGY)
     a = p.parse_args()
     sections = a.only.split(",")
+    if "reference" in a.systems.split(",") and not (REF_VENV / "bin" / "python").exists():
+        # Without it every reference case "never completes": a figure that is not one.
+        raise SystemExit(
+            f"bench-wan: --systems reference needs {REF_VENV.relative_to(ROOT)} "
+            "(`make bench-wan` creates it)"
+        )
     work = Path(tempfile.mkdtemp(prefix="wan-bench-"))
     if {"time-to-n", "churn", "pool"} & set(sections):
         if why := available():
