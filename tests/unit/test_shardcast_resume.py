@@ -22,6 +22,7 @@ from prime_swarm.libs.shardcast import (
 from prime_swarm.libs.shardcast.manifest import iter_shard_bytes
 from prime_swarm.libs.shardcast.transport import FetchOptions
 from prime_swarm.protocol.manifest_signing import sign_manifest
+from prime_swarm.protocol.messages import SignedManifest
 
 TRAINER = Account.create()
 
@@ -114,16 +115,21 @@ def test_a_transfers_deadline_is_its_share_of_the_slowest_link_tolerated() -> No
     assert transfer_deadline(shard, alone) < transfer_deadline(shard, opts) / 4
 
 
+def _one_file_version(tmp_path: Path, size: int, shard_size: int) -> tuple[SignedManifest, bytes]:
+    """Version 1: one file of `size` random bytes in shards of `shard_size`, signed."""
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(os.urandom(size))
+    signed = sign_manifest(build_manifest(d, 1, None, shard_size, TRAINER.address), TRAINER)
+    return signed, (d / "model.safetensors").read_bytes()
+
+
 def _flaky_relay_download(tmp_path: Path, per_attempt: int) -> tuple[int, Exception | None]:
     """One 6 MiB shard from one relay that cuts every transfer after `per_attempt` new bytes
     (resuming where the last one stopped), with a budget of 3 attempts. Returns the attempts
     the relay saw and the download's error, if any."""
-    d = tmp_path / "model"
-    d.mkdir()
-    (d / "model.safetensors").write_bytes(os.urandom(6 << 20))
-    signed = sign_manifest(build_manifest(d, 1, None, 8 << 20, TRAINER.address), TRAINER)
+    signed, data = _one_file_version(tmp_path, 6 << 20, 8 << 20)
     f = signed.manifest.files[0]
-    data = (d / f.name).read_bytes()
     seen = {"attempts": 0}
 
     def relay(path: str, headers: Message) -> Reply:
@@ -177,12 +183,8 @@ def test_a_transfer_under_its_floor_is_cut_and_resumed_on_a_new_connection(
 
     monkeypatch.setattr(fetch, "LOW_SPEED_WINDOW_S", 1.0)
     monkeypatch.setattr(fetch, "MIN_RATE_BPS", 8 << 20)
-    d = tmp_path / "model"
-    d.mkdir()
-    (d / "model.safetensors").write_bytes(os.urandom(3 << 20))
-    signed = sign_manifest(build_manifest(d, 1, None, 4 << 20, TRAINER.address), TRAINER)
+    signed, data = _one_file_version(tmp_path, 3 << 20, 4 << 20)
     f = signed.manifest.files[0]
-    data = (d / f.name).read_bytes()
     ranges: list[str | None] = []
 
     def relay(path: str, headers: Message) -> Reply:
