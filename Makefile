@@ -17,7 +17,7 @@ ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 CHART_RENDER := .tools/chart-render
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup up test test-compose test-all images bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-wan bench-orchestrator bench-chain chaos hostile fuzz lint fmt clean
+.PHONY: setup up test test-compose test-all images bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-wan bench-orchestrator bench-chain bench-ledger chaos hostile fuzz lint fmt clean
 
 setup: $(VENV)/.installed $(ANVIL) redis chromium docker-compose $(CHART_RENDER)
 
@@ -154,6 +154,12 @@ bench-toploc: setup $(TOPLOC_REF)/.installed
 # writes bench/results/chain.json.
 bench-chain: setup
 	$(PY) bench/chain_bench.py $(BENCH_ARGS)
+
+# The ledger's rule-based state machine (tests/support/ledger_machine.py) over 20,000 random
+# transactions of the real contract, and once on each planted-bug copy (each must be caught);
+# writes `ledger_invariants` in bench/results/ha.json.
+bench-ledger: setup
+	$(PY) bench/ledger_invariants.py $(BENCH_ARGS)
 
 bench-orchestrator: setup
 	@$(PIP) install -q py-spy || echo "py-spy unavailable: the bench runs without its profile"

@@ -44,6 +44,8 @@ T = TypeVar("T")
 
 # Mirrors MAX_BATCH in SwarmLedger.vy; longer batches are split into several transactions.
 MAX_BATCH = 256
+# Work ids the ledger takes: it keeps one past a worker's highest id in 128 bits.
+WORK_ID_LIMIT = 2**128 - 1
 BPS = 10_000
 NEW_EPOCH_GAS_PER_WORKER = 25_000
 
@@ -576,7 +578,7 @@ class LedgerClient:
     def _checked_work(w: Work) -> Work:
         if w.units <= 0:
             raise ChainError(f"work units must be positive, got {w.units}")
-        if not 0 <= w.work_id < 2**256:
+        if not 0 <= w.work_id < WORK_ID_LIMIT:
             raise ChainError(f"work id out of range: {w.work_id}")
         return Work(to_address(w.worker), w.work_id, w.units)
 

@@ -19,6 +19,7 @@ class SkipReason(IntEnum):
 
     SETTLED = 1
     NOT_MEMBER = 2
+    BELOW_MINIMUM = 3
 
 
 @dataclass(frozen=True)

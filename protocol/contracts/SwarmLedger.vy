@@ -106,6 +106,9 @@ LOW192: constant(uint256) = 2**192 - 1
 # `WorkSkipped.reason` values.
 SKIP_SETTLED: constant(uint8) = 1
 SKIP_NOT_MEMBER: constant(uint8) = 2
+# A member a slash took below the pool's minimum stake: paid again after a
+# top-up (`join`), so a slashed-out worker cannot keep earning on a dust stake.
+SKIP_BELOW_MINIMUM: constant(uint8) = 3
 
 
 struct Pool:
@@ -579,7 +582,8 @@ def attest_work(
     @notice Record a batch of verified work, credit its rewards (claimable
             after the challenge window) and commit to the credited items by
             their Merkle root. Items already settled, or whose worker is not
-            a member, are skipped with `WorkSkipped`. Sorting the batch by
+            a member or holds less than the pool's minimum stake, are skipped
+            with `WorkSkipped`. Sorting the batch by
             worker, then work id, makes it cheapest (one credit and one
             bitmap write per worker).
     @return The batch id, or 0 if every item was skipped.
@@ -589,6 +593,7 @@ def attest_work(
     n: uint256 = len(workers)
     assert len(work_ids) == n and len(units) == n, "array lengths differ"
     rate: uint256 = self._pools[pool_id].reward_per_unit
+    min_stake: uint256 = self._pools[pool_id].min_stake
     pool_tally: uint256 = self._pool_tally[pool_id]
     batch_id: uint256 = (pool_tally & LOW64) + 1
 
@@ -598,7 +603,7 @@ def attest_work(
     total_units: uint256 = 0
     # The run of consecutive items of one worker, credited in one write.
     run_worker: address = empty(address)
-    run_member: bool = False
+    run_skip: uint8 = 0
     run_items: uint256 = 0
     run_units: uint256 = 0
     run_floor: uint256 = 0
@@ -610,23 +615,29 @@ def attest_work(
         work_id: uint256 = work_ids[i]
         amount: uint256 = units[i]
         assert amount > 0, "zero units"
+        # One past the highest id is kept in 128 bits (`_worker_tally`).
+        assert work_id < LOW128, "work id too large"
         if worker != run_worker:
             if word_index != max_value(uint256):
                 self.settled_words[pool_id][run_worker][word_index] = word
             self._credit_run(pool_id, batch_id, run_worker, run_items, run_units, run_floor, rate)
             word_index = max_value(uint256)
             run_worker = worker
-            run_member = self.is_member[pool_id][worker]
+            run_skip = 0
+            if not self.is_member[pool_id][worker]:
+                run_skip = SKIP_NOT_MEMBER
+            elif self.stake_of[pool_id][worker] < min_stake:
+                run_skip = SKIP_BELOW_MINIMUM
             run_items = 0
             run_units = 0
             run_floor = 0
-        if not run_member:
+        if run_skip != 0:
             log WorkSkipped(
                 pool_id=pool_id,
                 worker=worker,
                 work_id=work_id,
                 validator=msg.sender,
-                reason=SKIP_NOT_MEMBER,
+                reason=run_skip,
             )
             continue
         index: uint256 = work_id >> 8
@@ -704,6 +715,7 @@ def slash(
     @return The amount taken.
     """
     assert self.is_validator[pool_id][msg.sender], "not a validator"
+    assert work_id < LOW128, "work id too large"
     index: uint256 = work_id >> 8
     bit: uint256 = 1 << (work_id & 255)
     word: uint256 = self.settled_words[pool_id][worker][index]
@@ -927,7 +939,10 @@ def _credit_reward(pool_id: uint256, worker: address, reward: uint256):
             self._buckets[pool_id][worker][i] = b + reward
             return
         elif self._is_mature(b):
+            # Emptied as it is moved: the loop may return on the other bucket,
+            # and a matured amount left here would be moved (paid) again.
             self._claimable[pool_id][worker] += b & LOW192
+            self._buckets[pool_id][worker][i] = 0
             free = i
     assert free < 2, "no free reward bucket"
     self._buckets[pool_id][worker][free] = (epoch << 192) | reward

@@ -590,6 +590,8 @@ def test_slash_pays_the_reporter_funds_the_pool_and_settles_the_item(
         a, 0, result.amount, "toploc proof mismatch", validator,
     )  # fmt: skip
 
+    # Topped back up to the minimum (a member below it is paid nothing: see the test below).
+    actors.workers[0].join(pool, result.amount)
     # Rejected work is never paid afterwards, and cannot be slashed twice.
     attest = actors.validator.attest_work(pool, [Work(a, 0, 9)])
     assert [s.reason for s in attest.skipped] == [SkipReason.SETTLED]
@@ -608,8 +610,40 @@ def test_slash_pays_the_reporter_funds_the_pool_and_settles_the_item(
         actors.validator.slash(pool, a, 2, "too much", amount=stake // 2)
     assert actors.reader.stake_of(pool, a) == stake and not actors.reader.is_settled(pool, a, 2)
     assert event_names(actors.reader, pool, start) == [
-        "WorkerSlashed", "WorkSkipped", "WorkCredited", "BatchAttested",
+        "WorkerSlashed", "StakeAdded", "WorkSkipped", "WorkCredited", "BatchAttested",
     ]  # fmt: skip
+
+
+def test_a_member_slashed_below_the_minimum_is_paid_again_only_after_a_top_up(
+    actors: Actors, pool: int
+) -> None:
+    worker, a = actors.workers[0], Actors.addr(actors.workers[0])
+    taken = actors.validator.slash(pool, a, 0, "toploc proof mismatch").amount
+    assert actors.reader.is_member(pool, a) and actors.reader.stake_of(pool, a) < MIN_STAKE
+    result = actors.validator.attest_work(pool, [Work(a, 1, 3)])
+    assert result.attested == []
+    assert [(s.worker, s.reason) for s in result.skipped] == [(a, SkipReason.BELOW_MINIMUM)]
+    assert actors.reader.work_units(pool, a) == 0 and not actors.reader.is_settled(pool, a, 1)
+    worker.join(pool, taken)
+    assert [w.work_id for w in actors.validator.attest_work(pool, [Work(a, 1, 3)]).attested] == [1]
+    assert actors.reader.work_units(pool, a) == 3
+
+
+def test_a_work_id_past_what_the_ledger_stores_is_refused(actors: Actors, pool: int) -> None:
+    """One past a worker's highest id is kept in 128 bits: a larger id would wrap it."""
+    a = Actors.addr(actors.workers[0])
+    with pytest.raises(ChainError, match="work id out of range"):
+        actors.validator.attest_work(pool, [Work(a, 2**128 - 1, 1)])
+    fn = actors.validator.contract.functions.attest_work(pool, [a], [2**128 - 1], [1])
+    with pytest.raises(ChainRevert, match="work id too large"):
+        actors.validator._send(fn, "attest_work")
+    with pytest.raises(ChainRevert, match="work id too large"):
+        actors.validator.slash(pool, a, 2**256 - 1, "bad", amount=0)
+    last = 2**128 - 2
+    assert [w.work_id for w in actors.validator.attest_work(pool, [Work(a, last, 1)]).attested] == [
+        last
+    ]
+    assert actors.reader.work_id_floor(pool, a) == 2**128 - 1
 
 
 def test_slash_policy_can_burn_the_rest(actors: Actors) -> None:
@@ -755,6 +789,29 @@ def test_rewards_across_epochs_keep_their_own_windows(actors: Actors, pool: int)
     mature(actors.reader)
     mature(actors.reader)
     assert worker.claim_rewards(pool) == 6 * RATE
+
+
+def test_a_matured_bucket_moved_to_claimable_is_paid_once(actors: Actors, pool: int) -> None:
+    """Credits in epochs e and e + 1, then one in e + 3: both buckets have matured and both are
+    moved to claimable; the one not reused must be emptied, or the next credit moves (and a
+    claim pays) it again. Found by the ledger's state machine (test_ledger_invariants.py)."""
+    worker, a = actors.workers[0], Actors.addr(actors.workers[0])
+    actors.owner.fund_pool(pool, ETH)
+    first = actors.validator.attest_work(pool, [Work(a, 0, 1)]).batches[0].tx.block_number
+    e = first // CHALLENGE
+    mine_until(actors.reader, (e + 1) * CHALLENGE)
+    actors.validator.attest_work(pool, [Work(a, 1, 2)])
+    mine_until(actors.reader, (e + 3) * CHALLENGE)
+    actors.validator.attest_work(pool, [Work(a, 2, 4)])
+    actors.validator.attest_work(pool, [Work(a, 3, 8)])  # same epoch: reuses the new bucket
+    assert (actors.reader.rewards(pool, a).claimable, actors.reader.rewards(pool, a).pending) == (
+        3 * RATE, 12 * RATE,
+    )  # fmt: skip
+    assert worker.claim_rewards(pool) == 3 * RATE
+    mature(actors.reader)
+    mature(actors.reader)
+    assert worker.claim_rewards(pool) == 12 * RATE
+    assert actors.reader.rewards(pool, a).claimable == 0
 
 
 def test_rewards_survive_leaving(actors: Actors, pool: int) -> None:
