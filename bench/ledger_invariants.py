@@ -66,6 +66,7 @@ def main() -> None:
     while long["failure"] is None and long["transactions"] < args.transactions:
         more = run(LedgerMachine, (args.transactions - long["transactions"]) // STEPS + 1)
         long = {k: more[k] if k == "failure" else long[k] + more[k] for k in long}
+        long["seconds"] = round(long["seconds"], 1)
     print(f"[ledger] real contract: {json.dumps(long)}", flush=True)
 
     planted_runs = {}

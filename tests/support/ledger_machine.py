@@ -340,7 +340,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def attest_work(self, caller: str, items: list[tuple[str, int, int]], wait: int) -> None:
         """A batch as a validator's queue mixes it, `wait` blocks after the last step: the
         wait decides which reward epochs a worker's credits fall in."""
-        boa.env.time_travel(blocks=wait) if wait else None
+        self.advance(wait)
         self._attest(caller, items)
 
     @rule(
@@ -348,7 +348,7 @@ class LedgerMachine(RuleBasedStateMachine):
     )
     def attest_a_run(self, caller: str, who: str, first: int, n: int, wait: int) -> None:
         """One worker's consecutive work ids, as the orchestrator hands them out."""
-        boa.env.time_travel(blocks=wait) if wait else None
+        self.advance(wait)
         self._attest(caller, [(who, first + i, 1 + i % 3) for i in range(n)])
 
     def _attest(self, caller: str, items: list[tuple[str, int, int]]) -> None:
@@ -476,7 +476,8 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(blocks=st.sampled_from((1, CHALLENGE, 2 * CHALLENGE, UNBONDING)))
     def advance(self, blocks: int) -> None:
-        boa.env.time_travel(blocks=blocks)
+        if blocks:
+            boa.env.time_travel(blocks=blocks)
 
     # --- invariants ---
 
