@@ -232,6 +232,11 @@ def main() -> int:
     p.add_argument("--n", default="1,4,16,64")
     p.add_argument("--systems", default="ours,direct,reference")
     p.add_argument("--topology", type=Path, default=TOPOLOGY)
+    p.add_argument(
+        "--keep-work",
+        action="store_true",
+        help="keep the work folder (every process's log) instead of removing it",
+    )
     a = p.parse_args()
     sections = a.only.split(",")
     if "reference" in a.systems.split(",") and not (REF_VENV / "bin" / "python").exists():
@@ -250,7 +255,10 @@ def main() -> int:
         found = deltas.run(work / "deltas")
         save("deltas", found)
         save("delta_bytes_ratio", found["delta_bytes_ratio"])
-    shutil.rmtree(work, ignore_errors=True)
+    if a.keep_work:
+        log(f"work folder kept: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     plot()
     return 0
 
