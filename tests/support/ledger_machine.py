@@ -31,16 +31,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from prime_swarm.libs.chain import merkle
 from prime_swarm.libs.chain.artifacts import CONTRACTS_DIR
+from prime_swarm.libs.chain.client import BPS, WORK_ID_LIMIT
 from prime_swarm.libs.chain.models import Work
 
 SOURCE = (CONTRACTS_DIR / "SwarmLedger.vy").read_text()
-BPS = 10_000
 SLASH_BPS = 5_000
 UNBONDING = 8
 CHALLENGE = 2
 MIN_STAKE = 100
 RATE = 3
-LOW128 = 2**128 - 1
 WORKERS = ("worker0", "worker1", "worker2", "worker3")
 ACTORS = ("owner", "trainer", "validator0", "validator1", *WORKERS, "stranger")
 # Weighted draws: most calls come from the role that may make them, some from anyone.
@@ -53,7 +52,7 @@ FRACTIONS = st.sampled_from((0, 1, 10, 50, 51, 100, 200))  # percent of the stak
 # Mostly ids a worker is handed (a few dozen), one in seventeen at a bitmap word's edge or past
 # what the ledger stores; mostly 1-7 units, one in fifty zero: a batch with one bad item reverts
 # whole, so bad items are rare enough that most batches land.
-ODD_IDS = (255, 256, LOW128 - 1, LOW128, 2**128, 2**256 - 1)
+ODD_IDS = (255, 256, WORK_ID_LIMIT - 1, WORK_ID_LIMIT, 2**128, 2**256 - 1)
 WORK_IDS = st.integers(0, 101).map(lambda i: ODD_IDS[i - 96] if i >= 96 else i % 32)
 UNITS = st.integers(0, 49).map(lambda u: u % 7 + 1 if u else 0)
 ITEMS = st.lists(st.tuples(A_WORKER, WORK_IDS, UNITS), min_size=1, max_size=6)
@@ -362,7 +361,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 if units == 0:
                     want = "zero units"
                     break
-                if work_id >= LOW128:
+                if work_id >= WORK_ID_LIMIT:
                     want = "work id too large"
                     break
         batch_id = self.send(
@@ -396,7 +395,7 @@ class LedgerMachine(RuleBasedStateMachine):
         want = None
         if caller not in self.m.validators:
             want = "not a validator"
-        elif work_id >= LOW128:
+        elif work_id >= WORK_ID_LIMIT:
             want = "work id too large"
         elif work_id in a.settled:
             want = "work already settled"
