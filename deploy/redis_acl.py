@@ -43,6 +43,13 @@ from prime_swarm.services.trainer.persist import DROPPED, TRAINED_BY_STEP
 
 # What redis-py's `pipeline(transaction=True)` sends around the queued commands; it checks no key.
 TRANSACTION = ("multi", "exec")
+# A Lua script as redis-py runs it (EVALSHA; SCRIPT EXISTS and LOAD before a pipeline that holds
+# it): the script's own calls are checked against the same user, so it can touch nothing its
+# caller could not.
+SCRIPTS = ("evalsha", "script|load", "script|exists")
+# Waiting for a replica before an outward acknowledgement (libs/streams/replication.py): WAIT,
+# and INFO's replication section to tell "no replica" from "a slow one".
+REPLICA_WAIT = ("wait", "info")
 # What `libs.streams.consumer.GroupReader` calls on the stream it consumes.
 GROUP_READER = ("xgroup|create", "xreadgroup", "xautoclaim", "xack", "xinfo|groups")
 
@@ -137,16 +144,20 @@ ORCHESTRATOR_COMMANDS = (
     "zadd", "zrem", "zcard", "zcount", "zrangebyscore", "zremrangebyscore",
     "hset", "hdel", "hexists", "hlen", "hincrby", "hgetall", "hmget", "hscan",
     "zrevrange", "zscore",
-    # The Lua scripts (RateLimiter, LeaseBook's work ids): redis-py runs them by EVALSHA and
-    # loads them on NOSCRIPT. Their own calls are checked against this same user, so a script
-    # can touch nothing the orchestrator could not.
-    "evalsha", "script|load", "time",
+    "time",
 )  # fmt: skip
 
 ORCHESTRATOR = Role(
     "orchestrator",
+    keyless=(*TRANSACTION, *REPLICA_WAIT),
     grants=(
         Grant(keys=ORCHESTRATOR_KEYS, commands=ORCHESTRATOR_COMMANDS),
+        # The Lua scripts (RateLimiter; LeaseBook's work ids, grants and admissions) name keys
+        # of several grants: EVALSHA needs one selector holding them all.
+        Grant(
+            keys=(*ORCHESTRATOR_KEYS, streams.ROLLOUTS_SUBMITTED, streams.ROLLOUTS_VERIFIED),
+            commands=SCRIPTS,
+        ),
         Grant(keys=(streams.ROLLOUTS_SUBMITTED,), commands=("xadd", "xlen", "xinfo|groups")),
         # Lease admission counts what the trainer has not consumed yet.
         Grant(keys=(streams.ROLLOUTS_VERIFIED,), commands=("xinfo|groups",), read_only=True),
@@ -185,9 +196,13 @@ VALIDATOR = Role(
 
 TRAINER = Role(
     "trainer",
+    keyless=(*TRANSACTION, *REPLICA_WAIT),
     grants=(
         Grant(keys=("trainer:*",), commands=("sadd", "sismember", "hset", "hsetnx")),
         Grant(keys=(streams.ROLLOUTS_VERIFIED,), commands=(*GROUP_READER, "xlen")),
+        # The step's acknowledgement (persist.py `_ACKNOWLEDGE`): the trained set and the
+        # verified stream in one script.
+        Grant(keys=("trainer:*", streams.ROLLOUTS_VERIFIED), commands=SCRIPTS),
         Grant(keys=(streams.ROLLOUTS_REJECTED,), commands=("xlen",), read_only=True),
         Grant(keys=(streams.POLICY_ANNOUNCEMENTS,), commands=("xadd", "xrevrange")),
         Grant(keys=(streams.TRAINER_PROGRESS,), commands=("xadd",)),

@@ -23,8 +23,13 @@ class RedisServer:
         bind: str = "127.0.0.1",
         argv_prefix: Sequence[str] = (),
         address: tuple[str, int] | None = None,
+        name: str = "redis",
+        config: Sequence[str] = (),
     ) -> None:
-        """`acl_file`: users as in deployments (deploy/redis_acl.py); `url` then authenticates
+        """`config`: lines of a config file written at the first start and kept across
+        restarts (Sentinel rewrites it when it turns a primary into a replica: a restarted node
+        must come back as what it was made, not as what its first command line said).
+        `acl_file`: users as in deployments (deploy/redis_acl.py); `url` then authenticates
         as nobody, so connect with `url_for(user, password)`. `argv_prefix` starts it elsewhere
         (`ip netns exec NS`: a host of a testbed), bound to `bind`; `address` is then where
         others reach it (the testbed's route to it)."""
@@ -35,11 +40,15 @@ class RedisServer:
         self.host, self.public_port = address or ("127.0.0.1", self.port)
         self.url = f"redis://{self.host}:{self.public_port}/0"
         data_dir.mkdir(parents=True, exist_ok=True)
+        config_file = data_dir / "redis.conf"
+        if not config_file.exists():
+            config_file.write_text("".join(line + "\n" for line in config))
         self.process = ManagedProcess(
-            "redis",
+            name,
             [
                 *argv_prefix,
                 binary,
+                str(config_file.resolve()),
                 "--port",
                 str(self.port),
                 "--bind",

@@ -71,25 +71,7 @@ def fair_share(max_in_flight: int, live_workers: int, spread: float) -> int:
 
     Without it the first worker to ask after a new version takes the whole budget, and the
     others idle, generating nothing, until it is spent - the pool runs at one worker's speed.
+    The grant itself is decided in Redis (services/orchestrator/state.py `_RESERVE_LEASES`),
+    atomically, so that orchestrator replicas share one budget.
     """
     return max(1, math.ceil(spread * max_in_flight / max(1, live_workers)))
-
-
-def lease_grant(
-    requested: int,
-    worker_open: int,
-    max_per_worker: int,
-    in_flight: int,
-    max_in_flight: int,
-    share: int | None = None,
-) -> int:
-    """How many of `requested` leases to hand out now.
-
-    `in_flight` counts the pool's groups leased but not yet taken by the trainer (open leases,
-    awaiting validation, awaiting the trainer). Capping it keeps the trainer fed - about a
-    step of work waiting - while bounding how stale that work gets before it is trained: leasing
-    more than the trainer can consume within the async bound only produces refusals. `share`
-    (from `fair_share`) bounds one worker's open leases so the budget spreads over the pool.
-    """
-    per_worker = max_per_worker if share is None else min(max_per_worker, share)
-    return max(0, min(requested, per_worker - worker_open, max_in_flight - in_flight))

@@ -6,6 +6,10 @@ A retried write may land twice if the server applied it and the reply was lost. 
 written to Redis is safe under that, as under the crash-and-restart it replaces: stream
 readers skip ids already trained or decided, sets and acknowledgements are idempotent.
 `make chaos` kills Redis during a run and counts every rollout afterwards.
+
+A `redis+sentinel://` URL finds the primary through Redis Sentinel (docs/high-availability.md):
+a connection refused, timed out or answered READONLY by a demoted primary asks the Sentinels
+again, inside the same retry budget, so a failover looks to a service like a restart.
 """
 
 from __future__ import annotations
@@ -13,9 +17,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.asyncio
+import redis.asyncio.sentinel
+import redis.sentinel
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import AuthenticationError, BusyLoadingError, ConnectionError, TimeoutError
 
@@ -35,12 +43,85 @@ def _options(socket_timeout: float, retry: type) -> dict[str, object]:
     }
 
 
+SENTINEL_SCHEME = "redis+sentinel"
+
+
+@dataclass(frozen=True)
+class SentinelURL:
+    """`redis+sentinel://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]`: the Sentinels
+    to ask, the name they monitor the primary under, and the credentials of the data nodes (the
+    role's ACL user; the Sentinels themselves are asked without them)."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+    @classmethod
+    def parse(cls, url: str) -> SentinelURL:
+        parts = urlsplit(url)
+        if parts.scheme != SENTINEL_SCHEME:
+            raise ValueError(f"not a {SENTINEL_SCHEME}:// URL")
+        credentials, _, hosts = parts.netloc.rpartition("@")
+        user, _, password = credentials.partition(":")
+        sentinels = []
+        for host_port in hosts.split(","):
+            host, _, port = host_port.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"sentinel address {host_port!r} is not HOST:PORT")
+            sentinels.append((host, int(port)))
+        service, _, db = parts.path.strip("/").partition("/")
+        if not service:
+            raise ValueError("the URL names no service (redis+sentinel://HOSTS/SERVICE/DB)")
+        if db and not db.isdigit():
+            raise ValueError(f"database {db!r} is not a number")
+        return cls(
+            tuple(sentinels),
+            service,
+            int(db or 0),
+            unquote(user) or None,
+            unquote(password) or None,
+        )
+
+    def connection_kwargs(self) -> dict[str, object]:
+        return {"db": self.db, "username": self.username, "password": self.password}
+
+
+def _sentinel_options(socket_timeout: float) -> dict[str, object]:
+    # A Sentinel that is down or cut off must not hold the lookup: the next one is asked.
+    return {"socket_timeout": min(socket_timeout, 2.0), "socket_connect_timeout": 1.0}
+
+
 def connect(url: str, socket_timeout: float) -> redis.Redis:
-    return redis.Redis.from_url(url, **_options(socket_timeout, redis.retry.Retry))
+    options = _options(socket_timeout, redis.retry.Retry)
+    if url.startswith(SENTINEL_SCHEME + "://"):
+        where = SentinelURL.parse(url)
+        sentinel = redis.sentinel.Sentinel(
+            where.sentinels, sentinel_kwargs=_sentinel_options(socket_timeout)
+        )
+        return sentinel.master_for(where.service, **options, **where.connection_kwargs())
+    return redis.Redis.from_url(url, **options)
+
+
+# An asyncio client opens a connection per concurrent command and, at redis-py's default cap of
+# 100, fails the 101st at once ("Too many connections"): an orchestrator under a lease storm
+# from a few hundred workers has that many requests in flight. Redis itself takes 10,000.
+ASYNC_MAX_CONNECTIONS = 2000
 
 
 def connect_async(url: str, socket_timeout: float) -> redis.asyncio.Redis:
-    return redis.asyncio.Redis.from_url(url, **_options(socket_timeout, redis.asyncio.retry.Retry))
+    options = {
+        **_options(socket_timeout, redis.asyncio.retry.Retry),
+        "max_connections": ASYNC_MAX_CONNECTIONS,
+    }
+    if url.startswith(SENTINEL_SCHEME + "://"):
+        where = SentinelURL.parse(url)
+        sentinel = redis.asyncio.sentinel.Sentinel(
+            where.sentinels, sentinel_kwargs=_sentinel_options(socket_timeout)
+        )
+        return sentinel.master_for(where.service, **options, **where.connection_kwargs())
+    return redis.asyncio.Redis.from_url(url, **options)
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from prime_swarm.libs.guard.errors import install_validation_handler
 from prime_swarm.libs.guard.ratelimit import RateLimiter
 from prime_swarm.libs.observability.http import add_observability_routes
 from prime_swarm.libs.streams.connection import connect_async
+from prime_swarm.libs.streams.replication import ReplicaWait, has_replicas
 from prime_swarm.protocol.auth import SignedRequest, redis_nonce_burner
 
 from .board import RelayWatch, StatusBoard
@@ -54,6 +55,7 @@ def create_app(settings: OrchestratorSettings) -> FastAPI:
                 redis,
                 settings,
                 lambda worker: asyncio.to_thread(ledger.work_id_floor, settings.pool_id, worker),
+                ReplicaWait(has_replicas(settings.redis_url)),
             ),
             workers=WorkerRoster(redis, settings),
             standing=StandingBook(

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 
 from fastapi import APIRouter, HTTPException
-from redis.exceptions import NoPermissionError, ResponseError
 
 from prime_swarm.libs.chain.errors import ChainError
 from prime_swarm.libs.guard.ratelimit import Limited
@@ -16,11 +14,9 @@ from prime_swarm.libs.rollout.admission import (
     check_admission,
     check_version,
     fair_share,
-    lease_grant,
 )
 from prime_swarm.libs.rollout.calibration import acceptance_for
-from prime_swarm.libs.streams.consumer import group_backlog
-from prime_swarm.protocol import streams
+from prime_swarm.libs.streams.replication import Replication
 from prime_swarm.protocol.messages import (
     Heartbeat,
     HeartbeatReply,
@@ -39,11 +35,14 @@ from prime_swarm.protocol.signing import AuthError, require_signer_is
 
 from . import metrics
 from .deps import Pool, PoolDep, Signer, rate_limited, refuse
+from .state import Admission
 
 log = logging.getLogger("orchestrator")
 router = APIRouter(prefix="/v1")
 # A stale policy is the clock's fault as often as the worker's: 409 tells it to refetch.
 REFUSAL_STATUS = {"stale_policy": 409}
+# A submission in on the primary but not on its replica: the whole request is answered 503.
+NOT_REPLICATED = "not_replicated"
 
 
 def check_identity(route: str, signer: str, worker: str, pool: Pool, pool_id: int) -> None:
@@ -133,47 +132,23 @@ async def lease(body: LeaseRequest, signer: Signer, pool: PoolDep) -> LeaseReply
         status = REFUSAL_STATUS.get(exc.reason, 422)
         raise refuse("lease", status, f"{exc.detail}; fetch v{info.version}", exc.reason) from exc
     settings = pool.settings
-    worker_open = await pool.leases.open_count(body.worker)
-    if worker_open >= settings.max_open_leases_per_worker:
+    if await pool.leases.open_count(body.worker) >= settings.max_open_leases_per_worker:
         raise refuse(
             "lease", 429, "too many open leases; submit or let them expire", "too_many_leases"
         )
     live = await pool.workers.seen_and_live(body.worker)
-    in_flight = await in_flight_groups(pool)
-    grant = lease_grant(
-        body.count,
-        worker_open,
+    cap = min(
         settings.max_open_leases_per_worker,
-        in_flight,
-        settings.max_in_flight_groups,
-        share=fair_share(settings.max_in_flight_groups, live, settings.lease_spread),
+        fair_share(settings.max_in_flight_groups, live, settings.lease_spread),
     )
-    metrics.IN_FLIGHT.set(in_flight)
-    if grant == 0:  # enough work in flight: the trainer would only see it stale
+    issued, in_flight = await pool.leases.issue(
+        body.worker, settings.pool_id, info.min_version, body.count, cap
+    )
+    metrics.IN_FLIGHT.set(in_flight + len(issued))
+    if not issued:  # enough work in flight: the trainer would only see it stale
         return LeaseReply(policy=info, retry_after_s=0.05)
-    issued = await pool.leases.issue(body.worker, settings.pool_id, info.min_version, grant)
     metrics.LEASES_ISSUED.inc(len(issued))
     return LeaseReply(leases=issued, policy=info)
-
-
-async def in_flight_groups(pool: Pool) -> int:
-    """Groups leased but not yet taken by the trainer. The batch the trainer is stepping on
-    stays pending until its checkpoint is saved, but it can no longer age: counting it would
-    hold a step's worth of the budget idle through every step and persist. Without asynchrony
-    it does count: work leased during a step is stale before it can be trained."""
-    waiting = 0
-    synchronous = pool.settings.recipe.async_level == 0
-    for stream, group, pending in (
-        (streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, True),
-        (streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP, synchronous),
-    ):
-        try:
-            waiting += group_backlog(await pool.redis.xinfo_groups(stream), group, pending)
-        except NoPermissionError:
-            raise
-        except ResponseError:  # stream not created yet: nothing waits
-            pass
-    return await pool.leases.open_count() + waiting
 
 
 @router.post("/submit", response_model=SubmitReply)
@@ -200,6 +175,8 @@ async def submit_batch(body: SubmissionBatch, signer: Signer, pool: PoolDep) -> 
             results.append(SubmitResult(lease_id=sub.lease_id, status=200, submission_id=sid))
         except HTTPException as exc:
             detail = exc.detail if isinstance(exc.detail, dict) else {}
+            if detail.get("reason") == NOT_REPLICATED:
+                raise  # the worker retries the batch; what is in already answers as before
             results.append(
                 SubmitResult(
                     lease_id=sub.lease_id,
@@ -219,8 +196,6 @@ async def admit(route: str, body: RolloutSubmission, pool: Pool) -> str:
         raise refuse(route, 404, f"unknown or expired lease {body.lease_id}", "unknown_lease")
     if lease.worker.lower() != body.worker.lower():
         raise refuse(route, 403, "this lease was issued to another worker", "foreign_lease")
-    if time.time() > lease.expires_at:
-        raise refuse(route, 410, "the lease expired before submission", "lease_expired")
     if acceptance_for(body.backend) is None:
         raise refuse(route, 422, f"backend {body.backend!r} is not calibrated", "malformed")
     info = await pool.policy.info()
@@ -232,12 +207,22 @@ async def admit(route: str, body: RolloutSubmission, pool: Pool) -> str:
     submission_id = hashlib.sha256(f"{body.lease_id}:{body.content_hash()}".encode()).hexdigest()[
         :32
     ]
-    if not await pool.leases.mark_submitted(lease, submission_id):
-        raise refuse(route, 409, "this lease was already answered", "duplicate")
     entry = SubmittedRollout(submission_id=submission_id, lease=lease, submission=body)
-    async with pool.redis.pipeline(transaction=False) as pipe:
-        pipe.xadd(streams.ROLLOUTS_SUBMITTED, streams.encode(entry))
-        pool.workers.count_submission(pipe, body.worker)
-        await pipe.execute()
-    metrics.SUBMISSIONS.inc()
+    admitted, replication = await pool.leases.admit(entry)
+    if admitted == Admission.EXPIRED:
+        raise refuse(route, 410, "the lease expired before submission", "lease_expired")
+    if admitted == Admission.DUPLICATE:
+        raise refuse(route, 409, "this lease was already answered", "duplicate")
+    if replication == Replication.LAGGING:
+        # In on the primary, not yet on its replica: a failover now would lose it, so the
+        # worker keeps it and retries (the retry is this submission again: ADMITTED_BEFORE).
+        raise refuse(
+            route,
+            503,
+            "not yet replicated; retry",
+            NOT_REPLICATED,
+            headers={"Retry-After": "1"},
+        )
+    if admitted == Admission.ADMITTED:
+        metrics.SUBMISSIONS.inc()
     return submission_id

@@ -6,17 +6,24 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from enum import IntEnum
 
 from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
 
 from prime_swarm.libs.environments.base import hash_int
 from prime_swarm.libs.rl.filtering import load_task_list
 from prime_swarm.libs.rl.reward import budget_for, with_budget
 from prime_swarm.libs.rollout.admission import oldest_admitted
+from prime_swarm.libs.streams.replication import Replication, ReplicaWait
 from prime_swarm.protocol import streams
 from prime_swarm.protocol import worker_stats as ws
-from prime_swarm.protocol.messages import Lease, PolicyAnnouncement, PolicyInfo, SamplingParams
+from prime_swarm.protocol.messages import (
+    Lease,
+    PolicyAnnouncement,
+    PolicyInfo,
+    SamplingParams,
+    SubmittedRollout,
+)
 
 from . import metrics
 from .settings import OrchestratorSettings
@@ -92,17 +99,6 @@ class WorkerRoster:
             *_, registered = await pipe.execute()
         return int(registered)
 
-    @staticmethod
-    def count_submission(pipe: Pipeline, worker: str) -> None:
-        """Queue on `pipe` the count of one more admitted submission (the worker's total and
-        this minute's bucket): it rides with the submission's own write, no extra round trip."""
-        info = WORKER_INFO.format(worker=worker.lower())
-        bucket = SUBMITS_PER_MINUTE.format(minute=ws.minute(time.time()))
-        pipe.hincrby(info, "submitted", 1)
-        pipe.expire(info, ws.TOTALS_TTL_S)
-        pipe.hincrby(bucket, worker.lower(), 1)
-        pipe.expire(bucket, ws.BUCKET_TTL_S)
-
     async def is_registered(self, worker: str) -> bool:
         return bool(await self.redis.hexists(WORKERS, worker.lower()))
 
@@ -148,6 +144,88 @@ return redis.call('INCRBY', KEYS[1], ARGV[1])
 """
 
 
+# The lease rule, decided and recorded in one step (a Lua script runs alone on the server).
+# `in_flight` counts the pool's groups leased but not yet taken by the trainer: open unexpired
+# leases, plus submissions the validators have not finished, plus (synchronous pools only)
+# verified groups the trainer has not acknowledged; the batch a trainer is stepping on stays
+# pending until its checkpoint is saved but can no longer age, so an asynchronous pool does not
+# count it (counting it held a step's worth of the budget idle through every step). Capping it
+# keeps the trainer fed while bounding how stale that work gets. The grant is
+#   min(requested, cap - the worker's open leases, max_in_flight - in_flight), at least 0,
+# where `cap` is the worker's fair share (libs/rollout/admission.py `fair_share`). The granted
+# ids enter the open sets here; the lease records follow (a record missing after a crash only
+# leaves an id that expires unanswered).
+#   KEYS: worker's open set, pool's open set, submitted stream, verified stream
+#   ARGV: now, requested, cap, max_in_flight, expiry, ttl, validator group, trainer group,
+#         count the trainer's pending (0/1), lease ids...
+_RESERVE_LEASES = """
+local function backlog(stream, group, with_pending)
+  local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', stream)
+  if not ok then return 0 end
+  for _, g in ipairs(groups) do
+    local f = {}
+    for i = 1, #g, 2 do f[g[i]] = g[i + 1] end
+    if f['name'] == group then
+      local n = tonumber(f['lag']) or 0
+      if with_pending then n = n + (tonumber(f['pending']) or 0) end
+      return n
+    end
+  end
+  return 0
+end
+local now, requested = tonumber(ARGV[1]), tonumber(ARGV[2])
+local cap, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
+local in_flight = redis.call('ZCOUNT', KEYS[2], '(' .. ARGV[1], '+inf')
+  + backlog(KEYS[3], ARGV[7], true) + backlog(KEYS[4], ARGV[8], ARGV[9] == '1')
+if requested == 0 then return {0, in_flight} end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local grant = math.min(requested, cap - redis.call('ZCARD', KEYS[1]), limit - in_flight)
+if grant < 1 then return {0, in_flight} end
+for i = 1, grant do
+  redis.call('ZADD', KEYS[1], ARGV[5], ARGV[9 + i])
+  redis.call('ZADD', KEYS[2], ARGV[5], ARGV[9 + i])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[6])
+return {grant, in_flight}
+"""
+
+
+class Admission(IntEnum):
+    EXPIRED = -1  # not answered before it expired
+    DUPLICATE = 0  # the lease was answered with other content
+    ADMITTED_BEFORE = 1  # this very submission was admitted already: a retry
+    ADMITTED = 2
+
+
+# One answer per lease, its effects together: a crash (of Redis, or of the orchestrator between
+# two round trips) leaves the submission either wholly in or wholly out, and the worker's retry
+# (same content, same id) finds out which.
+#   KEYS: answered marker, worker's open set, pool's open set, submitted stream, worker's
+#         totals, this minute's bucket
+#   ARGV: submission id, marker ttl, lease id, totals ttl, bucket ttl, worker, lease expiry,
+#         now, entry fields...
+_ADMIT = """
+local prior = redis.call('GET', KEYS[1])
+if prior then
+  if prior ~= ARGV[1] then return 0 end
+  -- A retry: rewrite the marker so that this connection's WAIT covers the first admission's
+  -- write too (replication is in order; WAIT waits for the connection's last write).
+  redis.call('SET', KEYS[1], prior, 'KEEPTTL')
+  return 1
+end
+if tonumber(ARGV[8]) > tonumber(ARGV[7]) then return -1 end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+redis.call('ZREM', KEYS[2], ARGV[3])
+redis.call('ZREM', KEYS[3], ARGV[3])
+redis.call('XADD', KEYS[4], '*', unpack(ARGV, 9))
+redis.call('HINCRBY', KEYS[5], 'submitted', 1)
+redis.call('EXPIRE', KEYS[5], ARGV[4])
+redis.call('HINCRBY', KEYS[6], ARGV[6], 1)
+redis.call('EXPIRE', KEYS[6], ARGV[5])
+return 2
+"""
+
+
 class LeaseBook:
     """Hands out tasks in order, so no worker chooses its prompt, and remembers who holds what."""
 
@@ -156,12 +234,16 @@ class LeaseBook:
         redis: Redis,
         settings: OrchestratorSettings,
         work_id_floor: Callable[[str], Awaitable[int]],
+        replica_wait: ReplicaWait | None = None,
     ) -> None:
         """`work_id_floor(worker)`: one past the highest work id the ledger settled for the
         worker, where numbering resumes if Redis lost the counter."""
         self.redis, self.settings = redis, settings
         self._work_id_floor = work_id_floor
+        self.replica_wait = replica_wait or ReplicaWait(enabled=False)
         self._reserve = redis.register_script(_RESERVE_WORK_IDS)
+        self._reserve_leases = redis.register_script(_RESERVE_LEASES)
+        self._admit = redis.register_script(_ADMIT)
         self.env = settings.recipe.environment()
         # Read once: a task list is fixed for the run, and a bad file should stop start-up, not
         # the first lease.
@@ -169,18 +251,44 @@ class LeaseBook:
             load_task_list(settings.task_file, self.env) if settings.task_file is not None else None
         )
 
-    async def open_count(self, worker: str | None = None) -> int:
-        """Unexpired open leases of `worker`, or of the whole pool."""
-        now = time.time()
-        if worker is None:
-            # Expired entries stay in the pool-wide set until `_reclaim` hands their tasks out.
-            return int(await self.redis.zcount(ALL_OPEN_LEASES, f"({now}", "+inf"))
+    async def open_count(self, worker: str) -> int:
+        """Unexpired open leases of `worker`."""
         key = OPEN_LEASES.format(worker=worker.lower())
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zremrangebyscore(key, "-inf", now)  # expired ones no longer count
+            pipe.zremrangebyscore(key, "-inf", time.time())  # expired ones no longer count
             pipe.zcard(key)
             _, count = await pipe.execute()
         return int(count)
+
+    async def in_flight(self) -> int:
+        """Groups leased but not yet taken by the trainer (see `_RESERVE_LEASES`)."""
+        return (await self._grant("", 0, 0, [], 0.0))[1]
+
+    async def _grant(
+        self, worker: str, requested: int, cap: int, ids: list[str], expires_at: float
+    ) -> tuple[int, int]:
+        """(leases granted, groups in flight before them); the granted ones are `ids[:n]`."""
+        granted, in_flight = await self._reserve_leases(
+            keys=[
+                OPEN_LEASES.format(worker=worker.lower()),
+                ALL_OPEN_LEASES,
+                streams.ROLLOUTS_SUBMITTED,
+                streams.ROLLOUTS_VERIFIED,
+            ],
+            args=[
+                time.time(),
+                requested,
+                cap,
+                self.settings.max_in_flight_groups,
+                expires_at,
+                self._record_ttl,
+                streams.VALIDATOR_GROUP,
+                streams.TRAINER_GROUP,
+                int(self.settings.recipe.async_level == 0),
+                *ids,
+            ],
+        )
+        return int(granted), int(in_flight)
 
     async def _reclaim(self, limit: int) -> list[Lease]:
         """Up to `limit` leases that expired unanswered (a worker crashed or vanished), claimed
@@ -209,15 +317,27 @@ class LeaseBook:
             last = int(await self._reserve(keys=[key], args=[count, floor]))
         return range(last - count, last)
 
-    async def issue(self, worker: str, pool_id: int, min_version: int, count: int) -> list[Lease]:
-        """`count` leases, recorded in one round trip: first the tasks of expired leases, then
-        consecutive tasks of the pool's stream."""
+    @property
+    def _record_ttl(self) -> int:
+        # A lease record outlives its expiry long enough to be reclaimed and reissued.
+        return 2 * int(self.settings.lease_ttl_s) + 60
+
+    async def issue(
+        self, worker: str, pool_id: int, min_version: int, requested: int, cap: int
+    ) -> tuple[list[Lease], int]:
+        """Up to `requested` leases within the in-flight budget and the worker's `cap` (the
+        rule: `_RESERVE_LEASES`), and the groups in flight before them. Their tasks: first
+        those of expired leases, then consecutive tasks of the pool's stream."""
         recipe = self.settings.recipe
-        now = time.time()
-        reissued = await self._reclaim(count)
+        expires_at = time.time() + self.settings.lease_ttl_s
+        ids = [secrets.token_hex(12) for _ in range(requested)]
+        granted, in_flight = await self._grant(worker, requested, cap, ids, expires_at)
+        if not granted:
+            return [], in_flight
+        reissued = await self._reclaim(granted)
         # (task id, prompt, target length) of each lease to hand out.
         tasks = [(old.task_id, old.prompt, old.target_tokens) for old in reissued]
-        fresh = count - len(tasks)
+        fresh = granted - len(tasks)
         if fresh:
             last = int(await self.redis.incrby(TASK_COUNTER, fresh))
             for index in range(last - fresh, last):
@@ -235,7 +355,7 @@ class LeaseBook:
         work_ids = await self.next_work_ids(worker, len(tasks))
         leases = [
             Lease(
-                lease_id=secrets.token_hex(12),
+                lease_id=lease_id,
                 worker=worker,
                 pool_id=pool_id,
                 work_id=work_id,
@@ -250,21 +370,18 @@ class LeaseBook:
                 ),
                 seed=secrets.randbits(62),
                 min_policy_version=min_version,
-                expires_at=now + self.settings.lease_ttl_s,
+                expires_at=expires_at,
             )
-            for (task_id, prompt, target), work_id in zip(tasks, work_ids, strict=True)
+            for lease_id, (task_id, prompt, target), work_id in zip(
+                ids, tasks, work_ids, strict=False
+            )
         ]
-        # A lease record outlives its expiry long enough to be reclaimed and reissued.
-        ttl = 2 * int(self.settings.lease_ttl_s) + 60
-        mine = OPEN_LEASES.format(worker=worker.lower())
         async with self.redis.pipeline(transaction=True) as pipe:
             for lease in leases:
-                pipe.set(LEASE.format(lease_id=lease.lease_id), lease.model_dump_json(), ex=ttl)
-                pipe.zadd(mine, {lease.lease_id: lease.expires_at})
-                pipe.zadd(ALL_OPEN_LEASES, {lease.lease_id: lease.expires_at})
+                record = LEASE.format(lease_id=lease.lease_id)
+                pipe.set(record, lease.model_dump_json(), ex=self._record_ttl)
             if reissued:
                 pipe.incrby(REISSUED, len(reissued))
-            pipe.expire(mine, ttl)
             info = WORKER_INFO.format(worker=worker.lower())
             pipe.hincrby(info, "leases", len(leases))
             pipe.expire(info, ws.TOTALS_TTL_S)
@@ -275,7 +392,45 @@ class LeaseBook:
                 "reissued expired leases",
                 extra={"fields": {"worker": worker, "expired": [o.lease_id for o in reissued]}},
             )
-        return leases
+        return leases, in_flight
+
+    async def admit(self, entry: SubmittedRollout) -> tuple[Admission, Replication | None]:
+        """Record the answer to a lease: the lease closed, the submission on the validators'
+        stream, the worker's counts, in one script. A second answer with the same content is
+        the worker retrying one whose reply it lost (ADMITTED_BEFORE: answered as the first
+        was); with other content, DUPLICATE. With replicas, the answer waits until one holds
+        it (`Replication`; None: not asked)."""
+        lease, worker = entry.lease, entry.lease.worker.lower()
+        fields = streams.encode(entry)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            await self._admit(
+                keys=[
+                    SUBMITTED.format(lease_id=lease.lease_id),
+                    OPEN_LEASES.format(worker=worker),
+                    ALL_OPEN_LEASES,
+                    streams.ROLLOUTS_SUBMITTED,
+                    WORKER_INFO.format(worker=worker),
+                    SUBMITS_PER_MINUTE.format(minute=ws.minute(time.time())),
+                ],
+                args=[
+                    entry.submission_id,
+                    int(self.settings.lease_ttl_s) * 10,
+                    lease.lease_id,
+                    ws.TOTALS_TTL_S,
+                    ws.BUCKET_TTL_S,
+                    worker,
+                    lease.expires_at,
+                    time.time(),
+                    *(x for kv in fields.items() for x in kv),
+                ],
+                client=pipe,
+            )
+            waits = self.replica_wait.queue(pipe)
+            outcome, *acked = await pipe.execute()
+        replication = (
+            await self.replica_wait.verdict_async(self.redis, int(acked[0])) if waits else None
+        )
+        return Admission(int(outcome)), replication
 
     async def close(self, lease: Lease) -> None:
         """The lease no longer counts as open work (answered, or refused beyond repair)."""
@@ -287,15 +442,3 @@ class LeaseBook:
     async def get(self, lease_id: str) -> Lease | None:
         raw = await self.redis.get(LEASE.format(lease_id=lease_id))
         return Lease.model_validate_json(raw) if raw else None
-
-    async def mark_submitted(self, lease: Lease, submission_id: str) -> bool:
-        """True the first time a lease is answered; a second answer is a duplicate."""
-        first = await self.redis.set(
-            SUBMITTED.format(lease_id=lease.lease_id),
-            submission_id,
-            nx=True,
-            ex=int(self.settings.lease_ttl_s) * 10,
-        )
-        if first:
-            await self.close(lease)
-        return bool(first)

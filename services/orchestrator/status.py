@@ -21,7 +21,6 @@ from prime_swarm.libs.guard.ratelimit import Limited
 from prime_swarm.protocol.messages import PoolStatus, WorkerStatusReply
 
 from .deps import PoolDep, rate_limited, refuse
-from .routes import in_flight_groups
 
 router = APIRouter()
 PAGE_FILE = "status.html"
@@ -45,7 +44,7 @@ AddressPath = Annotated[
 
 @router.get("/v1/status", response_model=PoolStatus, name="status")
 async def status(pool: PoolDep, _: StatusClient) -> PoolStatus:
-    return await pool.board.pool_status(lambda: in_flight_groups(pool))
+    return await pool.board.pool_status(pool.leases.in_flight)
 
 
 @router.get(

@@ -34,6 +34,7 @@ from prime_swarm.libs.shardcast.publish import publish_version
 from prime_swarm.libs.shardcast.routes import manifest_path
 from prime_swarm.libs.streams.connection import connect
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
+from prime_swarm.libs.streams.replication import ReplicaWait, has_replicas
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import PolicyAnnouncement, StepProgress, VerifiedRollout
 
@@ -74,13 +75,21 @@ class Trainer:
         self.ref = load_pretrained(ckpt.model_dir(self.root, 0)) if settings.loss.kl_coef else None
         # Entries this consumer read before a restart and never acknowledged come first.
         self._backlog: list[Entry[VerifiedRollout]] = self._own_pending()
+        # Submission id -> the step it was collected for (see `collect`).
+        self._taken: dict[str, int] = {}
         latest = self._latest_announcement()
         self._last_published: int | None = latest.version if latest else None
         # One keep-alive client for every upload: a version a step, each a handful of requests.
         self._origin_http = make_http_client(settings.http_timeout_s)
         if latest is None or latest.version < self.step:
             self.publish(self.step)  # a fresh start, or a crash between saving and announcing
-        self.persister = Persister(self.r, self._save, self.publish, start_version=self.step)
+        self.persister = Persister(
+            self.r,
+            self._save,
+            self.publish,
+            start_version=self.step,
+            replica_wait=ReplicaWait(has_replicas(settings.redis_url)),
+        )
         self._last_step_end: float | None = None
         self.started = time.time()
         log.info("trainer ready", extra={"fields": {"step": self.step}})
@@ -211,7 +220,9 @@ class Trainer:
                 if msg is None:
                     log.warning("dropping undecodable entry", extra={"fields": {"err": e.error}})
                     self.reader.ack(e.entry_id)
-                elif self.r.sismember(TRAINED, msg.submission_id):
+                elif msg.submission_id in self._taken or self.r.sismember(
+                    TRAINED, msg.submission_id
+                ):
                     self.reader.ack(e.entry_id)  # trained before a crash; never twice
                 elif not is_fresh(msg.policy_version, self.step, self.s.recipe.async_level):
                     # Bounded staleness (DESIGN.md §3.4): too old to train on by now.
@@ -230,6 +241,13 @@ class Trainer:
                 else:
                     batch.append(msg)
                     ids.append(e.entry_id)
+                    self._taken[msg.submission_id] = self.step
+        # A Redis failover can lose the newest writes (docs/high-availability.md): a validator
+        # then decides a group again, and the copy reaches the trainer under a new entry id,
+        # possibly before the trained set records the first. Remembered here for as long as a
+        # copy could still be fresh enough to train; after that it is dropped as stale anyway.
+        horizon = self.step - self.s.recipe.async_level - 2
+        self._taken = {sid: at for sid, at in self._taken.items() if at >= horizon}
         return batch, ids
 
     def _drop(self, e: Entry[VerifiedRollout], msg: VerifiedRollout, reason: str) -> None:

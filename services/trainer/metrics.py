@@ -44,3 +44,7 @@ QUEUE_SECONDS = Histogram(
 )
 SAVE_SECONDS = Histogram("trainer_checkpoint_seconds", "Writing one checkpoint (background)")
 PUBLISH_SECONDS = Histogram("trainer_publish_seconds", "Uploading and announcing one version")
+UNREPLICATED_ACKS = Counter(
+    "trainer_unreplicated_acks_total",
+    "Step acknowledgements a connected Redis replica did not confirm within the WAIT timeout",
+)

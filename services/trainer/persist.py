@@ -27,6 +27,7 @@ import redis
 import torch
 
 from prime_swarm.libs.rl.checkpoint import TrainerState
+from prime_swarm.libs.streams.replication import Replication, ReplicaWait
 from prime_swarm.protocol import streams
 
 from . import metrics
@@ -38,6 +39,22 @@ TRAINED = "trainer:trained_submissions"
 # why. A submission in two steps' lists was trained twice.
 TRAINED_BY_STEP = "trainer:trained_by_step"
 DROPPED = "trainer:dropped_submissions"
+# The trained ids of a step and the acknowledgement of its entries, in one atomic write (the
+# script and the WAIT after it go on one connection: WAIT covers that connection's writes).
+#   KEYS: trained set, trained-by-step hash, verified stream
+#   ARGV: trainer group, step, number of trained ids, trained ids..., entry ids...
+_ACKNOWLEDGE = """
+local n = tonumber(ARGV[3])
+if n > 0 then
+  redis.call('SADD', KEYS[1], unpack(ARGV, 4, 3 + n))
+  redis.call('HSETNX', KEYS[2], ARGV[2], table.concat(ARGV, ',', 4, 3 + n))
+end
+if #ARGV > 3 + n then
+  redis.call('XACK', KEYS[3], ARGV[1], unpack(ARGV, 4 + n))
+end
+return n
+"""
+ACK_ATTEMPTS = 5
 
 
 @dataclass
@@ -56,8 +73,11 @@ class Persister:
         publish: Callable[[int], None],
         start_version: int,
         max_pending: int = 2,
+        replica_wait: ReplicaWait | None = None,
     ) -> None:
         self.r, self._save, self._publish = r, save, publish
+        self._ack_script = r.register_script(_ACKNOWLEDGE)
+        self.replica_wait = replica_wait or ReplicaWait(enabled=False)
         # Bounded: a trainer that outruns its disk waits here instead of piling up snapshots.
         self._q: queue.Queue[Snapshot | None] = queue.Queue(maxsize=max_pending)
         # The start version is saved and published synchronously before training begins.
@@ -107,13 +127,32 @@ class Persister:
             self._error = exc
 
     def _acknowledge(self, snap: Snapshot) -> None:
-        pipe = self.r.pipeline(transaction=True)
-        if snap.state.trained:
-            pipe.sadd(TRAINED, *snap.state.trained)
-            pipe.hsetnx(TRAINED_BY_STEP, str(snap.state.step), ",".join(snap.state.trained))
-        if snap.entry_ids:
-            pipe.xack(streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP, *snap.entry_ids)
-        pipe.execute()
+        """Record the step's trained ids and acknowledge its entries, all or nothing; with
+        replicas, until one holds them (a failover that lost them would have the entries
+        delivered again, and the trained set would not know them)."""
+        for attempt in range(ACK_ATTEMPTS):
+            with self.r.pipeline(transaction=False) as pipe:
+                self._ack_script(
+                    keys=[TRAINED, TRAINED_BY_STEP, streams.ROLLOUTS_VERIFIED],
+                    args=[
+                        streams.TRAINER_GROUP,
+                        snap.state.step,
+                        len(snap.state.trained),
+                        *snap.state.trained,
+                        *snap.entry_ids,
+                    ],
+                    client=pipe,
+                )
+                waits = self.replica_wait.queue(pipe)
+                _, *acked = pipe.execute()
+            if not waits or self.replica_wait.verdict(self.r, int(acked[0])) != Replication.LAGGING:
+                return
+            metrics.UNREPLICATED_ACKS.inc()
+            log.warning(
+                "step %d acknowledged but not yet replicated (try %d)", snap.state.step, attempt + 1
+            )
+        # The step is saved on disk (a restart re-adds its ids) and the trainer remembers what
+        # it took (loop.py `_taken`): going on is safe, only the books could miss the step.
 
     def _publish_latest(self) -> None:
         if self._saved > self._published:

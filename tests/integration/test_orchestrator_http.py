@@ -132,8 +132,14 @@ def test_submission_admission(pool: dict) -> None:
     _, fields = r.xrevrange(streams.ROLLOUTS_SUBMITTED, count=1)[0]
     entry = streams.decode(SubmittedRollout, fields)
     assert entry.submission_id == reply.submission_id and entry.lease == lease
+    # The same answer again is a retry whose reply was lost: the same id, nothing added.
+    assert c.submit(_submission(lease, m.address)).submission_id == reply.submission_id
+    assert r.xlen(streams.ROLLOUTS_SUBMITTED) == before + 1
+    first = _submission(lease, m.address)
+    changed = first.completions[0].model_copy(update={"token_ids": [6, 7]})
+    other = first.model_copy(update={"completions": [changed, *first.completions[1:]]})
     with pytest.raises(OrchestratorError) as err:
-        c.submit(_submission(lease, m.address))
+        c.submit(other)
     assert err.value.status == 409 and err.value.reason == "duplicate"
     with pytest.raises(OrchestratorError) as err:
         c.submit(_submission(lease.model_copy(update={"lease_id": "nope"}), m.address))

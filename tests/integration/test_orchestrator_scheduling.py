@@ -159,10 +159,8 @@ def test_a_restarted_orchestrator_carries_on_with_the_same_workers_and_leases(
         live.restart()  # kill -9: nothing is flushed, everything lives in Redis
         # No new registration: the worker, its open leases and the task stream are all there.
         c.heartbeat()
-        assert c.submit(held[0])
-        with pytest.raises(OrchestratorError) as err:
-            c.submit(held[0])
-        assert err.value.reason == "duplicate"
+        first = c.submit(held[0])
+        assert c.submit(held[0]) == first  # a retry of the same answer: the same admission
         (fresh,) = c.lease(1)  # max 3 open per worker: one still open, one more granted
         assert fresh.task_id not in {x.task_id for x in held}
         assert c.submit(held[1])

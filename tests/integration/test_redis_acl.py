@@ -17,11 +17,14 @@ from types import SimpleNamespace
 import pytest
 import redis
 from redis.asyncio import Redis as AsyncRedis
+from rollout_messages import submission_for
 
 from prime_swarm.deploy import compose_secrets, redis_acl
 from prime_swarm.libs.guard.ratelimit import Rate, RateLimiter
 from prime_swarm.libs.localnet.redis_server import RedisServer
+from prime_swarm.libs.rl.checkpoint import TrainerState
 from prime_swarm.libs.streams.consumer import GroupReader
+from prime_swarm.libs.streams.replication import Replication, ReplicaWait
 from prime_swarm.protocol import streams, worker_stats
 from prime_swarm.protocol.auth import redis_nonce_burner
 from prime_swarm.protocol.messages import (
@@ -33,16 +36,17 @@ from prime_swarm.protocol.messages import (
     VerifiedRollout,
 )
 from prime_swarm.services.orchestrator.board import RelayWatch, StatusBoard
-from prime_swarm.services.orchestrator.routes import in_flight_groups
 from prime_swarm.services.orchestrator.settings import OrchestratorSettings
 from prime_swarm.services.orchestrator.state import (
     WORKER_INFO,
     WORKERS,
+    Admission,
     LeaseBook,
     PolicyTracker,
     WorkerRoster,
 )
 from prime_swarm.services.trainer import progress
+from prime_swarm.services.trainer.persist import Persister, Snapshot
 from prime_swarm.services.validator import stats as validator_stats
 from prime_swarm.services.validator.ledger_queue import ChainAction, LedgerQueue, queue_key
 
@@ -100,16 +104,18 @@ def test_each_role_does_its_job_with_the_services_code(acl_redis: SimpleNamespac
             async def chain_floor(worker: str) -> int:
                 return 7  # as if the ledger had settled ids 0..6 before Redis lost the counter
 
-            leases = LeaseBook(r, settings, chain_floor)
+            # WAIT and INFO as with replicas (none here: WAIT times out, INFO says so).
+            leases = LeaseBook(r, settings, chain_floor, ReplicaWait(enabled=True))
             worker = "0x" + "ab" * 20
-            (lease,) = await leases.issue(worker, pool_id=1, min_version=0, count=1)
+            (lease,), _ = await leases.issue(worker, 1, 0, requested=1, cap=8)
             assert lease.work_id == 7
             assert list(await leases.next_work_ids(worker, 3)) == [8, 9, 10]
             assert (await leases.get(lease.lease_id)) == lease
             assert await leases.open_count(worker) == 1
-            assert await leases.mark_submitted(lease, "sub-1")
-            assert not await leases.mark_submitted(lease, "sub-1")
-            assert await leases.open_count() == 0  # the pool-wide count lease admission reads
+            answer = submission_for(lease)
+            assert await leases.admit(answer) == (Admission.ADMITTED, Replication.NO_REPLICA)
+            assert (await leases.admit(answer))[0] == Admission.ADMITTED_BEFORE
+            assert await leases.open_count(worker) == 0
             burn = redis_nonce_burner(r)
             assert await burn(worker, "n-1", 60) and not await burn(worker, "n-1", 60)
             await RateLimiter(r).hit("test-bucket", Rate(per_second=10, burst=5))
@@ -117,9 +123,7 @@ def test_each_role_does_its_job_with_the_services_code(acl_redis: SimpleNamespac
             await r.hset(WORKERS, worker, time.time())
             assert await r.hexists(WORKERS, worker) and await r.hlen(WORKERS) == 1
             await r.xadd(streams.ROLLOUTS_SUBMITTED, FAKE)
-            await r.xadd(streams.ROLLOUTS_SUBMITTED, FAKE)
-            pool = SimpleNamespace(redis=r, leases=leases, settings=settings)
-            assert await in_flight_groups(pool) == 0
+            assert await leases.in_flight() == 0  # no validator group yet: nothing awaits it
             assert await r.xlen(streams.ROLLOUTS_SUBMITTED) == 2
         finally:
             await r.aclose()
@@ -169,10 +173,12 @@ def test_each_role_does_its_job_with_the_services_code(acl_redis: SimpleNamespac
     got = treader.read(count=10, block_ms=100)
     assert len(got) == 1 and treader.lag() == 1
     assert not trainer.sismember("trainer:trained_submissions", "sub-1")
-    pipe = trainer.pipeline(transaction=True)
-    pipe.sadd("trainer:trained_submissions", "sub-1")
-    pipe.xack(streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP, got[0].entry_id)
-    pipe.execute()
+    persister = Persister(
+        trainer, lambda snap: None, lambda version: None, 0, replica_wait=ReplicaWait(True)
+    )
+    snap = Snapshot(TrainerState(step=1, trained=["sub-1"]), {}, [got[0].entry_id])
+    persister._acknowledge(snap)  # the script, then WAIT and INFO (no replica here)
+    assert trainer.sismember("trainer:trained_submissions", "sub-1")
     assert treader.lag() == 0
     assert trainer.xlen(streams.ROLLOUTS_VERIFIED) == 1
     assert trainer.xlen(streams.ROLLOUTS_REJECTED) == 1
@@ -211,9 +217,10 @@ def test_only_the_validator_can_give_verdicts(acl_redis: SimpleNamespace) -> Non
     assert refused(lambda: orch.xack(streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, "0-1"))
     # Its Lua permission is no way around: a script runs with the caller's ACL.
     sha = orch.script_load("return redis.call('XADD', KEYS[1], '*', 'data', '{}')")
-    with pytest.raises(redis.exceptions.ResponseError, match="user executing the script can't"):
-        orch.evalsha(sha, 1, "rate:x")
-    assert refused(lambda: orch.evalsha(sha, 1, streams.ROLLOUTS_VERIFIED))
+    for key in ("rate:x", streams.ROLLOUTS_VERIFIED):  # its own key, a key its scripts read
+        with pytest.raises(redis.exceptions.ResponseError, match="executing the script can't"):
+            orch.evalsha(sha, 1, key)
+    assert refused(lambda: orch.evalsha(sha, 1, streams.ROLLOUTS_REJECTED))
     assert refused(lambda: orch.eval("return 1", 0))
 
 
@@ -290,10 +297,9 @@ def test_the_status_counters_work_under_each_roles_acl(acl_redis: SimpleNamespac
             settings = OrchestratorSettings(ledger_address="0x" + "5f" * 20, pool_id=1)
             roster = WorkerRoster(r, settings)
             await roster.register(worker, "NVIDIA L4", "hf", "cuda")
-            async with r.pipeline(transaction=False) as pipe:  # as routes.py `admit` does
-                pipe.xadd(streams.ROLLOUTS_SUBMITTED, FAKE)
-                roster.count_submission(pipe, worker)
-                await pipe.execute()
+            leases = LeaseBook(r, settings, no_floor)
+            (lease,), _ = await leases.issue(worker, 1, 0, requested=1, cap=8)
+            await leases.admit(submission_for(lease))  # counts the worker's submission
             await roster.record_ejection("0x" + "ef" * 20, json.dumps({"at": time.time()}))
             board = StatusBoard(r, settings, PolicyTracker(r, settings), RelayWatch([], 5, 1))
             assert (await board.worker(worker)) is not None
@@ -304,6 +310,9 @@ def test_the_status_counters_work_under_each_roles_acl(acl_redis: SimpleNamespac
             return await board.pool_status(none_in_flight)
         finally:
             await r.aclose()
+
+    async def no_floor(worker: str) -> int:
+        return 0
 
     status = asyncio.run(read_status())
     row = next(w for w in status.workers if w.worker.lower() == worker)

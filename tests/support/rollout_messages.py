@@ -19,30 +19,38 @@ WORKER = "0x" + "AB" * 20
 
 
 def submitted(n: int) -> SubmittedRollout:
-    lease = Lease(
-        lease_id=f"lease-{n}",
-        worker=WORKER,
-        pool_id=1,
-        work_id=n,
-        env="reverse",
-        task_id="reverse/train/1",
-        prompt="p",
-        group_size=1,
-        sampling=SamplingParams(temperature=1.0, max_new_tokens=8),
-        seed=n,
-        min_policy_version=0,
-        expires_at=time.time() + 60,
+    return submission_for(
+        Lease(
+            lease_id=f"lease-{n}",
+            worker=WORKER,
+            pool_id=1,
+            work_id=n,
+            env="reverse",
+            task_id="reverse/train/1",
+            prompt="p",
+            group_size=1,
+            sampling=SamplingParams(temperature=1.0, max_new_tokens=8),
+            seed=n,
+            min_policy_version=0,
+            expires_at=time.time() + 60,
+        ),
+        f"s-{n}",
     )
+
+
+def submission_for(lease: Lease, submission_id: str | None = None) -> SubmittedRollout:
+    """An answer to `lease` (its worker, task and pool)."""
     sub = RolloutSubmission(
         lease_id=lease.lease_id,
-        worker=WORKER,
-        pool_id=1,
+        worker=lease.worker,
+        pool_id=lease.pool_id,
         task_id=lease.task_id,
         policy_version=0,
         prompt_token_ids=[1],
         completions=[CompletionSample(token_ids=[2, 3, 4], finish_reason="eos", proof=b"p")],
     )
-    return SubmittedRollout(submission_id=f"s-{n}", lease=lease, submission=sub)
+    sid = submission_id or f"s-{lease.lease_id}"[:32]
+    return SubmittedRollout(submission_id=sid, lease=lease, submission=sub)
 
 
 def verdict(msg: SubmittedRollout, reason: str | None) -> Verdict:
