@@ -38,10 +38,12 @@ $(ANVIL): .tools/package.json
 	@touch $@
 
 .PHONY: redis
+# redis-server (its --sentinel mode runs the Sentinels of a failover set) and haproxy (the
+# balancer in front of orchestrator replicas): docs/high-availability.md.
 redis:
-	@command -v redis-server >/dev/null || { \
-		echo "installing redis-server"; \
-		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server; }
+	@command -v redis-server >/dev/null && command -v haproxy >/dev/null || { \
+		echo "installing redis-server and haproxy"; \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server haproxy; }
 
 # Debian's chromium: tests/integration/test_status_page.py drives the status page headless with
 # playwright (never `playwright install`: its browser download is not a package registry).

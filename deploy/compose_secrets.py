@@ -48,8 +48,9 @@ GRAFANA_OWNER = (472, 0)  # the grafana/grafana image's user
 ACL_FILE = "redis.acl"
 GRAFANA_PASSWORD = "grafana-admin.password"
 ADDRESSES = "addresses.json"
-# Roles whose password only the redis container needs.
-REDIS_SIDE_ROLES = {"healthcheck"}
+# Roles whose password only containers of the redis image read: the healthcheck's, and the
+# logins of replicas and Sentinels to the data nodes (docker-compose.ha.yml).
+REDIS_SIDE_ROLES = {"healthcheck", "replica", "sentinel"}
 # Users whose password no container reads: the operator's own, on the host, as root.
 HOST_SIDE_ROLES = {"auditor", "default"}
 

@@ -16,6 +16,10 @@ forged `rollouts:submitted` entry once got an honest worker slashed.
   auditor       the operator's books (deploy/local/books.account: every rollout's fate): reads
                 the rollout streams and the trainer's audit hashes, changes nothing; no service
                 runs as it
+  replica       a replica syncing from the primary (docker-compose.ha.yml): the replication
+                handshake and stream, no key
+  sentinel      a Redis Sentinel watching the data nodes and promoting a replica: the commands
+                Redis's Sentinel docs list, and its one hello channel; no key
   default       every permission, behind a password only the operator holds (see
                 DEFAULT_USER): a connection that does not authenticate can do nothing
 
@@ -81,6 +85,8 @@ class Role:
     grants: tuple[Grant, ...]
     # Allowed without any key: transaction framing, PING.
     keyless: tuple[str, ...] = TRANSACTION
+    # Pub/Sub channels (glob patterns) it may PUBLISH and SUBSCRIBE to; none for the services.
+    channels: tuple[str, ...] = ()
 
     @property
     def commands(self) -> frozenset[str]:
@@ -94,7 +100,13 @@ class Role:
 
     def acl_line(self, password: str) -> str:
         digest = password_digest(password)
-        rules = ["resetkeys", "resetchannels", "-@all", *("+" + c for c in self.keyless)]
+        rules = [
+            "resetkeys",
+            "resetchannels",
+            *("&" + c for c in self.channels),
+            "-@all",
+            *("+" + c for c in self.keyless),
+        ]
         selectors = [g.selector() for g in self.grants]
         return " ".join(["user", self.name, "on", "resetpass", "#" + digest, *rules, *selectors])
 
@@ -223,8 +235,26 @@ AUDITOR = Role(
     ),
 )
 
+# A replica logs in to its primary (`masteruser`/`masterauth`) and asks for the replication
+# stream: what Redis's replication docs list. The stream itself is not checked against the ACL.
+# Every data node holds this login, not only the first replica: after a failover the Sentinels
+# make the old primary a replica of the new one, and it must be able to sync.
+REPLICA = Role("replica", grants=(), keyless=("psync", "replconf", "ping"))
+
+# What a Sentinel sends the data nodes (Redis's Sentinel docs, "Redis Access Control List
+# authentication"): INFO and ROLE to watch them, PING to call one down, and a failover's
+# MULTI / SLAVEOF / CONFIG REWRITE / CLIENT KILL / EXEC; SCRIPT KILL for a node stuck in a script.
+# The docs grant every channel; a Sentinel publishes and subscribes to one, its hello channel
+# (how Sentinels find each other through the nodes they watch), so that is the one granted.
+SENTINEL_HELLO = "__sentinel__:hello"
+SENTINEL_COMMANDS = (
+    "multi", "exec", "slaveof", "ping", "subscribe", "publish", "info", "role",
+    "config|rewrite", "client|setname", "client|kill", "script|kill",
+)  # fmt: skip
+SENTINEL = Role("sentinel", grants=(), keyless=SENTINEL_COMMANDS, channels=(SENTINEL_HELLO,))
+
 ROLES: dict[str, Role] = {
-    r.name: r for r in (ORCHESTRATOR, VALIDATOR, TRAINER, HEALTHCHECK, AUDITOR)
+    r.name: r for r in (ORCHESTRATOR, VALIDATOR, TRAINER, HEALTHCHECK, AUDITOR, REPLICA, SENTINEL)
 }
 
 # `default` is the user Redis replays its append-only file as, and Redis 7 re-checks the commands

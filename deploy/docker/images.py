@@ -7,7 +7,8 @@ package index is reachable from a build; each image's size written to bench/resu
    (nothing else on this machine uses 172.30/16 and 172.31/16).
 2. Base images instead of registry pulls, made once each by `debootstrap` and imported:
    `prime-swarm-base:bookworm` (python3, for our images) and `prime-swarm-infra:bookworm`
-   (Debian's redis-server and prometheus, for deploy/docker/infra.Dockerfile).
+   (Debian's redis-server, prometheus and haproxy, for deploy/docker/infra.Dockerfile). Each is
+   labelled with its package list, and made again when that list changes.
 3. A wheelhouse instead of the index, made once per pyproject.toml in this machine's cache
    (~/.cache/prime-swarm/wheelhouse, kept between clones) and copied into the build context
    (deploy/docker/wheelhouse/): wheels of every service extra (torch the pinned CPU build, as in
@@ -41,14 +42,19 @@ COMPOSE_FILES = ("docker-compose.yml", "deploy/docker/compose.local.yml")
 BASE = "prime-swarm-base:bookworm"
 INFRA = "prime-swarm-infra:bookworm"
 # debootstrap --include of each base. wget: the compose healthcheck of prometheus calls it.
+# haproxy: the balancer in front of the orchestrator replicas of docker-compose.ha.yml.
 BASE_PACKAGES = {
     BASE: "python3,python3-venv,python3-pip,ca-certificates",
-    INFRA: "redis-server,prometheus,wget,ca-certificates",
+    INFRA: "redis-server,prometheus,haproxy,wget,ca-certificates",
 }
+# The label a base carries its package list in: a base made from an older list (before haproxy
+# joined the infra one) is made again, not reused without the program a target needs.
+PACKAGES_LABEL = "io.prime-swarm.packages"
 # Images of infra.Dockerfile, by its target; compose.local.yml names them.
 INFRA_IMAGES = {
     "redis": "prime-swarm-redis:bookworm",
     "prometheus": "prime-swarm-prometheus:bookworm",
+    "haproxy": "prime-swarm-haproxy:bookworm",
 }
 EXTRAS = ("relay", "orchestrator", "validator", "trainer", "worker", "chain")
 # Services of docker-compose.yml by the image each runs (model-init runs the trainer image).
@@ -86,19 +92,27 @@ def engine(timeout_s: float = 60) -> None:
         time.sleep(1)
 
 
-def has_image(name: str) -> bool:
-    return subprocess.run(["docker", "image", "inspect", name], capture_output=True).returncode == 0
+def packages_of(image: str) -> str | None:
+    """The package list a base was made from (its PACKAGES_LABEL); None if there is no such
+    image or it has no label."""
+    out = subprocess.run(
+        ["docker", "image", "inspect", "-f", f'{{{{index .Config.Labels "{PACKAGES_LABEL}"}}}}',
+         image], capture_output=True, text=True,
+    )  # fmt: skip
+    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def base_image(name: str) -> None:
-    """Debian bookworm with BASE_PACKAGES[name], imported as `name` (about a minute, once)."""
-    if has_image(name):
+    """Debian bookworm with BASE_PACKAGES[name], imported as `name` (about a minute, once per
+    package list)."""
+    if packages_of(name) == BASE_PACKAGES[name]:
         return
     with tempfile.TemporaryDirectory() as root:
         run("debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES[name]}", "bookworm",
             root, stdout=subprocess.DEVNULL)  # fmt: skip
         tar = subprocess.Popen(["tar", "-C", root, "-c", "."], stdout=subprocess.PIPE)
-        run("docker", "import", "-", name, stdin=tar.stdout)
+        run("docker", "import", "--change", f"LABEL {PACKAGES_LABEL}={BASE_PACKAGES[name]}",
+            "-", name, stdin=tar.stdout)  # fmt: skip
         tar.wait()
 
 

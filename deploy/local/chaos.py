@@ -14,21 +14,25 @@ import json
 import random
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from prime_swarm.libs.localnet.process import ProcessFailed
+from prime_swarm.libs.localnet.redis_ha import RedisHA
 from prime_swarm.services.trainer import progress
 
 from .books import account
 from .network import LocalNetwork, new_run_dir
 from .settings import ChaosSettings
 
-PARTS = ("worker", "relay", "validator", "orchestrator", "trainer", "redis")
+# "redis-cut" (with --redis-ha only): the primary cut off from every peer, then let back in.
+# With --redis-ha, "redis" loses the primary's machine and the Sentinels fail over.
+PARTS = ("worker", "relay", "validator", "orchestrator", "trainer", "redis", "redis-cut")
 
 
-def kill_plan(rng: random.Random, kills_each: int) -> list[str]:
+def kill_plan(rng: random.Random, kills_each: int, parts: Sequence[str]) -> list[str]:
     """Every part `kills_each` times, in a random order."""
-    plan = [p for p in PARTS for _ in range(kills_each)]
+    plan = [p for p in parts for _ in range(kills_each)]
     rng.shuffle(plan)
     return plan
 
@@ -38,6 +42,8 @@ def _process_of(part: str, net: LocalNetwork, rng: random.Random) -> str:
         return rng.choice(sorted(n for n in net.procs if n.startswith("worker-")))
     if part == "validator":
         return "validator-0"
+    if part == "orchestrator":  # one of the replicas, when there are several
+        return rng.choice(sorted(n for n in net.orchestrators if n != "haproxy"))
     return part
 
 
@@ -54,10 +60,14 @@ class ChaosRun:
         seed: int,
         gap_s: tuple[float, float],
         steps_after: int,
+        parts: Sequence[str] = PARTS[:6],
         say: object = print,
     ) -> None:
         self.net, self.rng = net, random.Random(seed)
-        self.plan = kill_plan(self.rng, kills_each)
+        self.plan = kill_plan(self.rng, kills_each, parts)
+        self.parts = tuple(parts)
+        # Each failover of a --redis-ha run: how, when, and how long until writes landed.
+        self.failovers: list[dict[str, object]] = []
         self.gap_s, self.steps_after = gap_s, steps_after
         self.kills: Counter[str] = Counter()
         self.unplanned: Counter[str] = Counter()
@@ -92,10 +102,18 @@ class ChaosRun:
             if self.plan and now >= next_kill:
                 part = self.plan.pop()
                 name = _process_of(part, net, self.rng)
-                self.say(f"chaos: kill -9 {name} at step {step}")  # type: ignore[operator]
-                net.crash_and_restart(name)
+                at = {"t": round(now - started, 1), "step": step}
+                if isinstance(net.redis, RedisHA) and part in ("redis", "redis-cut"):
+                    how = "SIGKILL" if part == "redis" else "cut off"
+                    self.say(f"chaos: Redis primary {how} at step {step}")  # type: ignore[operator]
+                    lose = net.redis.kill_primary if part == "redis" else net.redis.cut_primary
+                    figures = lose(down_s=self.rng.uniform(*self.gap_s))
+                    self.failovers.append({"how": how, **at, **figures})
+                else:
+                    self.say(f"chaos: kill -9 {name} at step {step}")  # type: ignore[operator]
+                    net.crash_and_restart(name)
                 self.kills[part] += 1
-                self.log.append({"t": round(now - started, 1), "kill": name, "step": step})
+                self.log.append({**at, "kill": name})
                 next_kill = time.monotonic() + self.rng.uniform(*self.gap_s)
             elif not self.plan and done_at_step is None:
                 done_at_step = step
@@ -124,6 +142,7 @@ def run(s: ChaosSettings) -> dict[str, object]:
         seed=s.seed,
         gap_s=(s.gap_min_s, min(s.gap_max_s, max(s.gap_min_s, s.gap_max_s))),
         steps_after=s.steps_after,
+        parts=s.parts,
     )
     completed = False
     try:
@@ -143,7 +162,10 @@ def run(s: ChaosSettings) -> dict[str, object]:
     result: dict[str, object] = {
         "completed": completed,
         "steps": len(rows),
-        "kills": {p: chaos.kills[p] for p in PARTS},
+        "kills": {p: chaos.kills[p] for p in chaos.parts},
+        "redis_ha": s.redis_ha,
+        "orchestrators": s.orchestrators,
+        "failovers": chaos.failovers,
         "restarts_after_unplanned_exit": dict(chaos.unplanned),
         **books,
         "reward_first_last": [rows[0].mean_reward, rows[-1].mean_reward] if rows else [],

@@ -20,6 +20,7 @@ from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.chain.keyfile import write_key
 from prime_swarm.libs.localnet.ports import free_port
 from prime_swarm.libs.localnet.process import ManagedProcess, ProcessFailed
+from prime_swarm.libs.localnet.redis_ha import RedisHA
 from prime_swarm.libs.localnet.redis_server import RedisServer
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import StepProgress, Verdict
@@ -58,7 +59,7 @@ class LocalNetwork:
         self.logs = run_dir / "logs"
         self.keys = run_dir / "keys"
         self.procs: dict[str, ManagedProcess] = {}
-        self.redis: RedisServer | None = None
+        self.redis: RedisServer | RedisHA | None = None
         self.anvil: Anvil | None = None
         self.topo = Topology()
         self.pool: Pool | None = None
@@ -78,14 +79,20 @@ class LocalNetwork:
     # ------------------------------------------------------------------ start
     def start(self) -> Topology:
         t, place = self.topo, self.placement
-        self.redis = RedisServer(
-            self.run_dir / "redis",
-            self.logs,
-            port=place.port("redis"),
-            bind=place.bind("redis"),
-            argv_prefix=place.argv("redis", []),
-            address=place.address("redis"),
-        )
+        on_this_machine = isinstance(place, OnThisMachine)
+        if (self.s.redis_ha or self.s.orchestrators > 1) and not on_this_machine:
+            raise ValueError("--redis-ha and --orchestrators run on this machine only")
+        if self.s.redis_ha:
+            self.redis = RedisHA(self.run_dir / "redis", self.logs)
+        else:
+            self.redis = RedisServer(
+                self.run_dir / "redis",
+                self.logs,
+                port=place.port("redis"),
+                bind=place.bind("redis"),
+                argv_prefix=place.argv("redis", []),
+                address=place.address("redis"),
+            )
         t.redis_url = self.redis.url
         self.anvil = Anvil(
             accounts=4,
@@ -124,6 +131,7 @@ class LocalNetwork:
             validators=t.validators,
             fund_wei=10 * 10**18,
             relays=self.sources,
+            replicas=self.s.orchestrators,
             env={
                 **self.env,
                 # The local pool ejects workers that vanish (killed, crashed) after two minutes.
@@ -137,8 +145,10 @@ class LocalNetwork:
                 "PRIME_ORCH_MAX_IN_FLIGHT_GROUPS": str(self.s.groups_per_step),
             },
         )
-        assert self.pool.process is not None
-        self.procs["orchestrator"] = self.pool.process
+        for i, proc in enumerate(self.pool.processes):
+            self.procs[self.orchestrator_name(i)] = proc
+        if self.pool.balancer is not None:
+            self.procs["haproxy"] = self.pool.balancer.process
         t.orchestrator_url, t.ledger, t.pool_id = self.pool.url, self.pool.ledger, self.pool.pool_id
 
         # Relays keep every version whose rollouts can still be admitted, plus the one in flight.
@@ -270,6 +280,16 @@ class LocalNetwork:
         proc = self.procs[name]
         proc.kill()
         self.procs[name] = proc.respawn()
+        if self.pool is not None and proc in self.pool.processes:
+            self.pool.processes[self.pool.processes.index(proc)] = self.procs[name]
+
+    def orchestrator_name(self, i: int) -> str:
+        return "orchestrator" if self.s.orchestrators == 1 else f"orchestrator-{i}"
+
+    @property
+    def orchestrators(self) -> list[str]:
+        """The orchestrator processes' names, and the balancer's in front of replicas."""
+        return [n for n in self.procs if n.startswith("orchestrator") or n == "haproxy"]
 
     @property
     def sources(self) -> str:
@@ -371,13 +391,14 @@ class LocalNetwork:
             self.procs[name].stop(timeout_s=60)
 
     def stop_workers(self) -> None:
-        for name in [n for n in self.procs if n.startswith("worker-")] + ["orchestrator"]:
+        for name in [n for n in self.procs if n.startswith("worker-")] + self.orchestrators:
             if name in self.procs:
                 self.procs[name].stop()
 
     def stop(self) -> None:
         # Validators last among services: on SIGTERM each flushes its queued attestations.
-        order = [n for n in self.procs if n.startswith("worker-")] + ["orchestrator", "trainer"]
+        order = [n for n in self.procs if n.startswith("worker-")] + self.orchestrators
+        order += ["trainer"]
         order += [n for n in self.procs if n.startswith("validator-")]
         order += [*self.placement.relays(), "origin"]
         for name in order:

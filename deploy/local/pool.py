@@ -16,13 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-import redis
 from eth_account.signers.local import LocalAccount
 
 from prime_swarm.libs.chain.anvil import set_balance
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.chain.deploy import deploy_ledger
+from prime_swarm.libs.localnet.balancer import Balancer
+from prime_swarm.libs.localnet.ports import free_port
 from prime_swarm.libs.localnet.process import ManagedProcess
+from prime_swarm.libs.streams.connection import connect
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import PolicyAnnouncement
 
@@ -72,7 +74,7 @@ def stake_member(rpc_url: str, ledger: str, pool_id: int, account: LocalAccount,
 def announce_placeholder_policy(redis_url: str, version: int) -> None:
     """A fresh stream state with policy `version` announced, for an orchestrator that has no
     trainer behind it (its leases name that version; nothing serves it)."""
-    r = redis.Redis.from_url(redis_url, socket_timeout=10)
+    r = connect(redis_url, socket_timeout=10)
     try:
         r.flushdb()
         ann = PolicyAnnouncement(
@@ -124,8 +126,9 @@ def start_orchestrator(
 
 @dataclass
 class Pool:
-    """A pool on the chain and its running orchestrator (`start_pool`). A context manager: the
-    orchestrator stops on exit (the chain and Redis belong to whoever started them)."""
+    """A pool on the chain and its running orchestrators (`start_pool`): one, or `replicas`
+    behind an HAProxy balancer whose address is the pool's. A context manager: they stop on
+    exit (the chain and Redis belong to whoever started them)."""
 
     url: str
     rpc_url: str
@@ -135,32 +138,60 @@ class Pool:
     logs: Path
     env: dict[str, str]
     argv_prefix: list[str] = field(default_factory=list)
-    process: ManagedProcess | None = None
+    replicas: int = 1
+    processes: list[ManagedProcess] = field(default_factory=list)
+    balancer: Balancer | None = None
+
+    @property
+    def process(self) -> ManagedProcess | None:
+        """The orchestrator (the first replica)."""
+        return self.processes[0] if self.processes else None
+
+    def _replica_env(self, i: int, ports: list[int]) -> dict[str, str]:
+        if self.replicas == 1:
+            return {}
+        return {"PRIME_ORCH_PORT": str(ports[i]), "PRIME_ORCH_HOST": "127.0.0.1"}
 
     def start(self, timeout_s: float = 30.0, **overrides: str) -> ManagedProcess:
-        """(Re)start the orchestrator with `overrides` added to its variables: the same port and
-        Redis, so the pool's state carries over."""
+        """(Re)start the orchestrators with `overrides` added to their variables: the same
+        ports and Redis, so the pool's state carries over."""
         self.stop()
-        self.process = start_orchestrator(
-            self.logs, {**self.env, **overrides}, timeout_s,
-            argv_prefix=self.argv_prefix, url=self.url,
-        )  # fmt: skip
-        return self.process
+        ports = [free_port() for _ in range(self.replicas)] if self.replicas > 1 else []
+        for i in range(self.replicas):
+            env = {**self.env, **overrides, **self._replica_env(i, ports)}
+            name = "orchestrator" if self.replicas == 1 else f"orchestrator-{i}"
+            where = self.url if self.replicas == 1 else f"http://127.0.0.1:{ports[i]}"
+            self.processes.append(
+                start_orchestrator(
+                    self.logs, env, timeout_s, name, argv_prefix=self.argv_prefix, url=where
+                )
+            )
+        if self.replicas > 1:
+            port = int(self.url.rsplit(":", 1)[1])
+            backends = [("127.0.0.1", p) for p in ports]
+            self.balancer = Balancer(backends, self.logs.parent / "haproxy", self.logs, port)
+        return self.processes[0]
 
-    def restart(self, timeout_s: float = 30.0) -> None:
-        """kill -9 the orchestrator and start it again as it was, as a supervisor would."""
-        assert self.process is not None
-        self.process.kill()
-        self.process.stop()
-        self.process = self.process.respawn()
-        self.process.wait_http(f"{self.url}/healthz", timeout_s)
+    def restart(self, timeout_s: float = 30.0, replica: int = 0) -> None:
+        """kill -9 an orchestrator and start it again as it was, as a supervisor would."""
+        proc = self.processes[replica]
+        proc.kill()
+        proc.stop()
+        self.processes[replica] = proc.respawn()
+        port = self.processes[replica].env["PRIME_ORCH_PORT"]  # type: ignore[index]
+        host = self.url if self.replicas == 1 else f"http://127.0.0.1:{port}"
+        self.processes[replica].wait_http(f"{host}/healthz", timeout_s)
 
     def ledger_as(self, account: LocalAccount | None) -> LedgerClient:
         return LedgerClient(self.rpc_url, self.ledger, account=account, timeout=30)
 
     def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
+        if self.balancer is not None:
+            self.balancer.stop()
+            self.balancer = None
+        for proc in self.processes:
+            proc.stop()
+        self.processes = []
 
     def __enter__(self) -> Pool:
         return self
@@ -192,6 +223,7 @@ def start_pool(
     relays: str = NO_RELAYS,
     env: dict[str, str] | None = None,
     timeout_s: float = 30.0,
+    replicas: int = 1,
 ) -> Pool:
     """The pool on the chain (`create_pool`), `members` staked at the minimum, and its
     orchestrator started where `placement` puts it (default: this machine's loopback), with
@@ -215,7 +247,7 @@ def start_pool(
     }
     pool = Pool(
         orchestrator_url, rpc_url, redis_url, ledger, pool_id, logs, variables,
-        place.argv("orchestrator", []),
+        place.argv("orchestrator", []), replicas,
     )  # fmt: skip
     pool.start(timeout_s)
     return pool

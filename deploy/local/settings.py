@@ -13,6 +13,7 @@ from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.protocol.messages import BackendName
 
 ModelName = Literal["tiny", "smollm2"]
+ChaosPart = Literal["worker", "relay", "validator", "orchestrator", "trainer", "redis", "redis-cut"]
 
 # What `--model smollm2` changes besides the model: the task the issue measured SmolLM2 and TRL
 # on (two-digit addition through the chat template), TRL's run's shape (8 prompts x 8, at most 24
@@ -104,6 +105,19 @@ class LocalNetworkSettings(BaseSettings):
         ge=1,
         description="Validator processes, each with its own key registered on chain and its "
         "own consumer in the validators group (they share the submitted stream).",
+    )
+    redis_ha: bool = Field(
+        False,
+        description="Redis as a primary, a replica and three Sentinels: the services find the "
+        "primary through Sentinel, and `prime-swarm chaos` kills and cuts off the primary "
+        "(docs/high-availability.md).",
+    )
+    orchestrators: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="Orchestrator replicas; more than one run behind HAProxy, whose address "
+        "is the pool's on chain.",
     )
     lease_ttl_s: float = Field(
         15.0,
@@ -218,8 +232,21 @@ class ChaosSettings(LocalNetworkSettings):
         1000, ge=1, description="A cap: the run ends `steps_after` steps after the last kill."
     )
     kills_each: int = Field(3, ge=1, description="SIGKILLs of each part during the run.")
+    parts: list[ChaosPart] = Field(
+        ["worker", "relay", "validator", "orchestrator", "trainer", "redis"],
+        min_length=1,
+        description="The parts killed. With --redis-ha, redis loses the primary's machine "
+        "(SIGKILL; the Sentinels fail over) and redis-cut cuts the primary off from every peer "
+        "(SIGSTOP) until they have, then lets it back in.",
+    )
     seed: int = Field(0, description="Seed of the kill order, the victims and the moments.")
     gap_min_s: float = Field(4.0, gt=0, description="Shortest pause between two kills.")
     gap_max_s: float = Field(9.0, gt=0, description="Longest pause between two kills.")
     steps_after: int = Field(4, ge=1, description="Steps trained after the last kill.")
     out: Path = Field(Path("bench/results/chaos.json"), description="Where the result goes.")
+
+    @model_validator(mode="after")
+    def _cut_needs_ha(self) -> ChaosSettings:
+        if "redis-cut" in self.parts and not self.redis_ha:
+            raise ValueError("--parts redis-cut needs --redis-ha (a single Redis has no failover)")
+        return self

@@ -14,9 +14,12 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
+
+from prime_swarm.libs.streams.connection import connect
 
 from .ports import free_port
 from .process import ManagedProcess
@@ -31,7 +34,12 @@ FAILOVER_TIMEOUT_MS = 6000
 QUORUM = 2
 
 
-def sentinel_config(port: int, primary: tuple[str, int], auth: tuple[str, str] | None) -> str:
+def sentinel_config(
+    port: int,
+    primary: tuple[str, int],
+    auth: tuple[str, str] | None,
+    failover_timeout_ms: int = FAILOVER_TIMEOUT_MS,
+) -> str:
     """A Sentinel's config file (Sentinel rewrites it as it learns the others and failovers)."""
     host, primary_port = primary
     lines = [
@@ -39,7 +47,7 @@ def sentinel_config(port: int, primary: tuple[str, int], auth: tuple[str, str] |
         "bind 127.0.0.1",
         f"sentinel monitor {SERVICE} {host} {primary_port} {QUORUM}",
         f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}",
-        f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}",
+        f"sentinel failover-timeout {SERVICE} {failover_timeout_ms}",
         f"sentinel parallel-syncs {SERVICE} 1",
     ]
     if auth is not None:
@@ -64,7 +72,12 @@ class RedisHA:
         replication: tuple[str, str] | None = None,
         sentinel_auth: tuple[str, str] | None = None,
         sentinels: int = 3,
+        replicate_through: Callable[[int], int] | None = None,
+        failover_timeout_ms: int = FAILOVER_TIMEOUT_MS,
     ) -> None:
+        """`replicate_through(primary port)`: the port the replica replicates from instead (a
+        link a test can cut); the Sentinels leave it so for `failover_timeout_ms`, after which
+        they point a replica at the primary they know."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server not found; run `make setup` (installs it)")
@@ -75,12 +88,13 @@ class RedisHA:
         primary = RedisServer(
             data_dir / "node-0", log_dir, acl_file=acl_file, name="redis-0", config=login
         )
+        upstream = replicate_through(primary.port) if replicate_through else primary.port
         replica = RedisServer(
             data_dir / "node-1",
             log_dir,
             acl_file=acl_file,
             name="redis-1",
-            config=[*login, f"replicaof 127.0.0.1 {primary.port}"],
+            config=[*login, f"replicaof 127.0.0.1 {upstream}"],
         )
         self.nodes = [primary, replica]
         self.sentinels: list[ManagedProcess] = []
@@ -89,7 +103,11 @@ class RedisHA:
             port = free_port()
             conf = data_dir / f"sentinel-{i}" / "sentinel.conf"
             conf.parent.mkdir(parents=True, exist_ok=True)
-            conf.write_text(sentinel_config(port, ("127.0.0.1", primary.port), sentinel_auth))
+            conf.write_text(
+                sentinel_config(
+                    port, ("127.0.0.1", primary.port), sentinel_auth, failover_timeout_ms
+                )
+            )
             proc = ManagedProcess(
                 f"sentinel-{i}", [binary, str(conf.resolve()), "--sentinel"], log_dir
             )
@@ -163,31 +181,52 @@ class RedisHA:
             time.sleep(0.05)
         raise RuntimeError(f"no failover within {timeout_s:.0f}s")
 
-    def kill_primary(self, down_s: float = 0.0) -> float:
+    def _writable(self, started: float, timeout_s: float = 30.0) -> float:
+        """Seconds from `started` until a write through the Sentinels lands: the outage a
+        service sees (it asks the Sentinels, as this does)."""
+        client = connect(self.url, socket_timeout=2)
+        try:
+            while True:
+                try:
+                    client.set("ha:probe", time.time())
+                    return time.monotonic() - started
+                except redis.RedisError:
+                    if time.monotonic() - started > timeout_s:
+                        raise
+                    time.sleep(0.05)
+        finally:
+            client.close()
+
+    def kill_primary(self, down_s: float = 0.0) -> dict[str, float]:
         """SIGKILL the primary's machine; once the Sentinels have promoted the replica (and
         `down_s` has passed), start the lost node again, as a supervisor brings a machine back:
-        the Sentinels make it the new primary's replica. Returns the seconds until promotion."""
+        the Sentinels make it the new primary's replica. Returns the seconds until promotion
+        and until writes land again."""
         node = self.primary()
+        started = time.monotonic()
         node.process.kill()
-        took = self.wait_for_failover(node.port)
-        time.sleep(max(0.0, down_s - took))
+        promoted = self.wait_for_failover(node.port)
+        downtime = self._writable(started)
+        time.sleep(max(0.0, down_s - (time.monotonic() - started)))
         node.process = node.process.respawn()
         node.process.wait_until(node._ping, 30.0, "answering PING after a restart")
-        return took
+        return {"promoted_s": round(promoted, 2), "downtime_s": round(downtime, 2)}
 
-    def cut_primary(self, down_s: float = 0.0) -> float:
+    def cut_primary(self, down_s: float = 0.0) -> dict[str, float]:
         """Cut the primary off from every peer (SIGSTOP: it neither answers nor writes) until
         the Sentinels have promoted the replica and `down_s` has passed, then let it back in
         (SIGCONT): it wakes believing it is the primary, and the Sentinels demote it. Returns
-        the seconds until promotion."""
+        the seconds until promotion and until writes land again."""
         node = self.primary()
+        started = time.monotonic()
         os.killpg(node.process.proc.pid, signal.SIGSTOP)
         try:
-            took = self.wait_for_failover(node.port)
-            time.sleep(max(0.0, down_s - took))
+            promoted = self.wait_for_failover(node.port)
+            downtime = self._writable(started)
+            time.sleep(max(0.0, down_s - (time.monotonic() - started)))
         finally:
             os.killpg(node.process.proc.pid, signal.SIGCONT)
-        return took
+        return {"promoted_s": round(promoted, 2), "downtime_s": round(downtime, 2)}
 
     def crash_and_restart(self) -> None:
         """A chaos kill of "redis": the primary's machine is lost (`kill_primary`)."""

@@ -54,7 +54,8 @@ class RedisServer:
                 "--bind",
                 bind,
                 "--dir",
-                str(data_dir),
+                # Absolute: Redis chdirs to it, and a rewritten config file names it again.
+                str(data_dir.resolve()),
                 "--appendonly",
                 "yes",
                 "--save",

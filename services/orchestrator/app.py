@@ -55,7 +55,10 @@ def create_app(settings: OrchestratorSettings) -> FastAPI:
                 redis,
                 settings,
                 lambda worker: asyncio.to_thread(ledger.work_id_floor, settings.pool_id, worker),
-                ReplicaWait(has_replicas(settings.redis_url)),
+                ReplicaWait(
+                    has_replicas(settings.redis_url) and settings.replica_wait_ms > 0,
+                    settings.replica_wait_ms,
+                ),
             ),
             workers=WorkerRoster(redis, settings),
             standing=StandingBook(

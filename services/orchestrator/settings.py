@@ -44,7 +44,18 @@ class OrchestratorSettings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Interface to bind.")
     port: int = Field(8000, description="HTTP port.")
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis for streams and leases.")
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis for streams and leases; redis+sentinel://HOST:PORT,.../SERVICE/DB "
+        "finds the primary through Sentinel (docs/high-availability.md).",
+    )
+    replica_wait_ms: int = Field(
+        1000,
+        ge=0,
+        description="With a Sentinel URL: how long a submission's acknowledgement waits for a "
+        "replica to hold it (WAIT) before the worker is told to retry; 0 acknowledges at once, "
+        "and a failover may then lose acknowledged work.",
+    )
     rpc_url: str = Field("http://127.0.0.1:8545", description="JSON-RPC of the ledger's chain.")
     ledger_address: str = Field(..., description="Address of the deployed SwarmLedger.")
     pool_id: int = Field(..., ge=1, description="The on-chain pool this orchestrator fronts.")

@@ -16,6 +16,7 @@ from prime_swarm.deploy.local.pool import Pool, stake_member, start_pool
 from prime_swarm.libs.chain.anvil import Anvil, AnvilError, find_anvil
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.localnet.process import ManagedProcess
+from prime_swarm.libs.streams.connection import connect
 
 
 @pytest.fixture(scope="session")
@@ -102,7 +103,7 @@ def live_pool(
             **(env or {}),
         },
     ) as pool:  # fmt: skip
-        r = redis.Redis.from_url(redis_url)
+        r = connect(redis_url, socket_timeout=10)
         try:
             yield LivePool(pool, owner, member, outsider, r)
         finally:
