@@ -17,7 +17,7 @@ ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 CHART_RENDER := .tools/chart-render
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup up test test-compose test-all images bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-wan bench-orchestrator bench-chain bench-ledger chaos hostile fuzz lint fmt clean
+.PHONY: setup up test test-compose test-all images bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-wan bench-orchestrator bench-chain bench-ledger chaos soak hostile fuzz lint fmt clean
 
 setup: $(VENV)/.installed $(ANVIL) redis chromium docker-compose $(CHART_RENDER)
 
@@ -97,6 +97,13 @@ CHAOS_ARGS ?=
 chaos: setup
 	$(VENV)/bin/prime-swarm chaos $(CHAOS_ARGS)
 
+# An hour of training under steady load with a kill every 5 minutes (the Redis primary lost and
+# cut off, an orchestrator replica, a worker): memory and open files of every process, Redis's
+# memory and the books; writes bench/results/soak.json (SOAK_ARGS: flags, e.g. --minutes 90).
+SOAK_ARGS ?=
+soak: setup
+	$(VENV)/bin/prime-swarm soak $(SOAK_ARGS)
+
 # Honest workers beside a cheater of each kind and a flooder, against a clean run: writes
 # bench/results/hostile.json and hostile.png (both reward curves); fails if a check does not hold.
 hostile: setup
@@ -163,9 +170,13 @@ bench-chain: setup
 bench-ledger: setup
 	$(PY) bench/ledger_invariants.py $(BENCH_ARGS)
 
+# One orchestrator's phases (bench/results/orchestrator.json), then 1, 2 and 3 replicas behind
+# HAProxy under a lease storm of 200 workers, one replica killed mid-storm (`orchestrators` in
+# bench/results/ha.json; docs/high-availability.md).
 bench-orchestrator: setup
 	@$(PIP) install -q py-spy || echo "py-spy unavailable: the bench runs without its profile"
 	$(PY) bench/orchestrator_bench.py $(BENCH_ARGS)
+	$(PY) -m bench.orchestrator_replicas
 
 # schemathesis against orchestrator, origin and relay, each a real process on 127.0.0.1, 1000
 # generated cases each (signed ones included); writes bench/results/fuzz.json and fails on any

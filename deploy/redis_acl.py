@@ -51,9 +51,10 @@ TRANSACTION = ("multi", "exec")
 # it): the script's own calls are checked against the same user, so it can touch nothing its
 # caller could not.
 SCRIPTS = ("evalsha", "script|load", "script|exists")
-# Waiting for a replica before an outward acknowledgement (libs/streams/replication.py): WAIT,
-# and INFO's replication section to tell "no replica" from "a slow one".
-REPLICA_WAIT = ("wait", "info")
+# Waiting for a replica before an outward acknowledgement (libs/streams/replication.py): WAIT
+# (ECHO stands in for it while no replica is connected), and INFO's server and replication
+# sections to tell "no replica" from "a slow one" and a deposed primary from the real one.
+REPLICA_WAIT = ("wait", "echo", "info")
 # What `libs.streams.consumer.GroupReader` calls on the stream it consumes.
 GROUP_READER = ("xgroup|create", "xreadgroup", "xautoclaim", "xack", "xinfo|groups")
 
@@ -192,6 +193,7 @@ ORCHESTRATOR = Role(
 
 VALIDATOR = Role(
     "validator",
+    keyless=(*TRANSACTION, *REPLICA_WAIT),
     grants=(
         Grant(
             keys=("validator:*",),

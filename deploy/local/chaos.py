@@ -93,27 +93,9 @@ class ChaosRun:
                 if trainer.proc.returncode != 0:
                     raise ProcessFailed(f"trainer exited with {trainer.proc.returncode}")
                 return rows  # type: ignore[return-value]
-            for name, p in list(net.procs.items()):
-                if not p.alive() and not (name == "trainer" and done_at_step is not None):
-                    # Died of something other than our SIGKILL: a supervisor restarts it.
-                    self.unplanned[name] += 1
-                    self.log.append({"t": round(now - started, 1), "restarted": name})
-                    net.procs[name] = p.respawn()
+            self.supervise(started, spare=("trainer",) if done_at_step is not None else ())
             if self.plan and now >= next_kill:
-                part = self.plan.pop()
-                name = _process_of(part, net, self.rng)
-                at = {"t": round(now - started, 1), "step": step}
-                if isinstance(net.redis, RedisHA) and part in ("redis", "redis-cut"):
-                    how = "SIGKILL" if part == "redis" else "cut off"
-                    self.say(f"chaos: Redis primary {how} at step {step}")  # type: ignore[operator]
-                    lose = net.redis.kill_primary if part == "redis" else net.redis.cut_primary
-                    figures = lose(down_s=self.rng.uniform(*self.gap_s))
-                    self.failovers.append({"how": how, **at, **figures})
-                else:
-                    self.say(f"chaos: kill -9 {name} at step {step}")  # type: ignore[operator]
-                    net.crash_and_restart(name)
-                self.kills[part] += 1
-                self.log.append({**at, "kill": name})
+                self.strike(self.plan.pop(), round(now - started, 1), step)
                 next_kill = time.monotonic() + self.rng.uniform(*self.gap_s)
             elif not self.plan and done_at_step is None:
                 done_at_step = step
@@ -121,6 +103,32 @@ class ChaosRun:
                 if trainer.alive():
                     trainer.stop(timeout_s=60)  # SIGTERM: it saves and exits between steps
             time.sleep(0.25)
+
+    def supervise(self, started: float, spare: Sequence[str] = ()) -> None:
+        """Restart, as a supervisor would, any process (but `spare`) that died of something
+        other than a planned kill (the others' deaths, a retry budget spent)."""
+        for name, p in list(self.net.procs.items()):
+            if not p.alive() and name not in spare:
+                self.unplanned[name] += 1
+                self.log.append({"t": round(time.monotonic() - started, 1), "restarted": name})
+                self.net.respawn(name)
+
+    def strike(self, part: str, t: float, step: int) -> None:
+        """Kill `part` (a process of it) and bring it back, or fail the Redis primary over."""
+        net = self.net
+        name = _process_of(part, net, self.rng)
+        at = {"t": t, "step": step}
+        if isinstance(net.redis, RedisHA) and part in ("redis", "redis-cut"):
+            how = "SIGKILL" if part == "redis" else "cut off"
+            self.say(f"chaos: Redis primary {how} at step {step}")  # type: ignore[operator]
+            lose = net.redis.kill_primary if part == "redis" else net.redis.cut_primary
+            figures = lose(down_s=self.rng.uniform(*self.gap_s))
+            self.failovers.append({"how": how, **at, **figures})
+        else:
+            self.say(f"chaos: kill -9 {name} at step {step}")  # type: ignore[operator]
+            net.crash_and_restart(name)
+        self.kills[part] += 1
+        self.log.append({**at, "kill": name})
 
 
 def write_result(path: Path, result: dict[str, object]) -> None:

@@ -27,7 +27,7 @@ from prime_swarm.libs.localnet.process import ProcessFailed
 from prime_swarm.libs.rl.filtering import DEFAULT_BAND
 from prime_swarm.protocol.messages import StepProgress
 
-from .settings import ChaosSettings, LocalNetworkSettings
+from .settings import ChaosSettings, LocalNetworkSettings, SoakSettings
 
 if TYPE_CHECKING:
     from .network import Topology
@@ -316,6 +316,8 @@ def main(argv: list[str] | None = None) -> None:
     up = add_settings(sub.add_parser("up", help=text, description=text), LocalNetworkSettings)
     text = "a local run with every part killed and restarted at random; writes chaos.json"
     chaos_cmd = add_settings(sub.add_parser("chaos", help=text, description=text), ChaosSettings)
+    text = "an hour of training with a kill on a schedule; writes soak.json (memory, open files)"
+    soak_cmd = add_settings(sub.add_parser("soak", help=text, description=text), SoakSettings)
     text = "create the Redis ACL, passwords and keys docker-compose.yml mounts"
     compose_secrets.add_arguments(sub.add_parser("compose-secrets", help=text, description=text))
     text = (
@@ -357,6 +359,11 @@ def main(argv: list[str] | None = None) -> None:
             from . import chaos
 
             chaos.run(chaos_cmd.load(args))
+            return
+        if args.command == "soak":
+            from . import soak
+
+            soak.run(soak_cmd.load(args))
             return
         run(up.load(args))
     except (ProcessFailed, TimeoutError) as exc:

@@ -277,8 +277,12 @@ class LocalNetwork:
             assert self.redis is not None
             self.redis.crash_and_restart()
             return
+        self.procs[name].kill()
+        self.respawn(name)
+
+    def respawn(self, name: str) -> None:
+        """Start `name` again (it has exited) with the same command, as a supervisor would."""
         proc = self.procs[name]
-        proc.kill()
         self.procs[name] = proc.respawn()
         if self.pool is not None and proc in self.pool.processes:
             self.pool.processes[self.pool.processes.index(proc)] = self.procs[name]

@@ -250,3 +250,26 @@ class ChaosSettings(LocalNetworkSettings):
         if "redis-cut" in self.parts and not self.redis_ha:
             raise ValueError("--parts redis-cut needs --redis-ha (a single Redis has no failover)")
         return self
+
+
+class SoakSettings(ChaosSettings):
+    """`prime-swarm soak`: an hour of training with a kill on a schedule. Variables PRIME_SOAK_."""
+
+    model_config = SettingsConfigDict(env_prefix="PRIME_SOAK_", extra="ignore")
+
+    minutes: float = Field(60.0, gt=0, description="How long the network runs.")
+    kill_every_s: float = Field(300.0, gt=0, description="Seconds between two kills.")
+    sample_every_s: float = Field(
+        60.0, gt=0, description="Seconds between two readings of memory and open files."
+    )
+    steps: int = Field(10**9, ge=1, description="A cap the soak never reaches: it ends on time.")
+    timeout_s: float = Field(10**9, gt=0, description="Unused: the soak ends after --minutes.")
+    redis_ha: bool = Field(True, description="Redis as a primary, a replica and three Sentinels.")
+    orchestrators: int = Field(3, ge=1, le=8, description="Orchestrator replicas behind HAProxy.")
+    parts: list[ChaosPart] = Field(
+        ["redis", "redis-cut", "orchestrator", "worker"],
+        min_length=1,
+        description="The parts killed, in rotation (the trainer, the validator and the relays "
+        "run the whole hour, so their growth is measured over all of it).",
+    )
+    out: Path = Field(Path("bench/results/soak.json"), description="Where the result goes.")

@@ -88,19 +88,85 @@ class SentinelURL:
         return {"db": self.db, "username": self.username, "password": self.password}
 
 
+class _PrimaryConnection(redis.sentinel.SentinelManagedConnection):
+    """redis-py 8 reconnects a dropped connection inside `send_packed_command` straight to the
+    address it had, not through `connect()`, which asks the Sentinels: a command retried after
+    READONLY (its primary demoted) went back to the demoted node every time until the retry
+    budget was spent. Seen in `prime-swarm chaos --redis-ha`: the trainer exited on a step's
+    acknowledgement, the validator on its reads. Reconnecting here asks the Sentinels first."""
+
+    def send_packed_command(self, command: object, check_health: bool = True) -> None:
+        if not self._sock:
+            self.connect()
+        super().send_packed_command(command, check_health)
+
+
+class _AsyncPrimaryConnection(redis.asyncio.sentinel.SentinelManagedConnection):
+    """`_PrimaryConnection` for the asyncio client (the same reconnect, the same fix)."""
+
+    async def send_packed_command(self, command: object, check_health: bool = True) -> None:
+        if not self.is_connected:
+            await self.connect()
+        await super().send_packed_command(command, check_health)
+
+
+def primary_run_id(r: redis.Redis) -> str | None:
+    """The run id of the node the Sentinels call primary now (None: none agrees, or `r` is
+    not a Sentinel client)."""
+    manager = getattr(r.connection_pool, "sentinel_manager", None)
+    if manager is None:
+        return None
+    for sentinel in manager.sentinels:
+        try:
+            state = sentinel.sentinel_masters().get(r.connection_pool.service_name)
+        except (ConnectionError, TimeoutError):
+            continue
+        if state and manager.check_master_state(state, r.connection_pool.service_name):
+            return str(state.get("runid") or "") or None
+    return None
+
+
+async def primary_run_id_async(r: redis.asyncio.Redis) -> str | None:
+    manager = getattr(r.connection_pool, "sentinel_manager", None)
+    if manager is None:
+        return None
+    for sentinel in manager.sentinels:
+        try:
+            state = (await sentinel.sentinel_masters()).get(r.connection_pool.service_name)
+        except (ConnectionError, TimeoutError):
+            continue
+        if state and manager.check_master_state(state, r.connection_pool.service_name):
+            return str(state.get("runid") or "") or None
+    return None
+
+
 def _sentinel_options(socket_timeout: float) -> dict[str, object]:
     # A Sentinel that is down or cut off must not hold the lookup: the next one is asked.
     return {"socket_timeout": min(socket_timeout, 2.0), "socket_connect_timeout": 1.0}
 
 
+# With failover, a command sent to a primary that was then cut off waits its whole socket
+# timeout before the client asks the Sentinels again: seen in `prime-swarm chaos --redis-ha`,
+# a validator with 30 s stalled that long after each cut, though the replica was promoted in
+# under 3 s. Every command here is short (the longest blocks 1 s: XREADGROUP), so 5 s is ample.
+SENTINEL_SOCKET_TIMEOUT_S = 5.0
+
+
 def connect(url: str, socket_timeout: float) -> redis.Redis:
+    if url.startswith(SENTINEL_SCHEME + "://"):
+        socket_timeout = min(socket_timeout, SENTINEL_SOCKET_TIMEOUT_S)
     options = _options(socket_timeout, redis.retry.Retry)
     if url.startswith(SENTINEL_SCHEME + "://"):
         where = SentinelURL.parse(url)
         sentinel = redis.sentinel.Sentinel(
             where.sentinels, sentinel_kwargs=_sentinel_options(socket_timeout)
         )
-        return sentinel.master_for(where.service, **options, **where.connection_kwargs())
+        return sentinel.master_for(
+            where.service,
+            connection_class=_PrimaryConnection,
+            **options,
+            **where.connection_kwargs(),
+        )
     return redis.Redis.from_url(url, **options)
 
 
@@ -111,6 +177,8 @@ ASYNC_MAX_CONNECTIONS = 2000
 
 
 def connect_async(url: str, socket_timeout: float) -> redis.asyncio.Redis:
+    if url.startswith(SENTINEL_SCHEME + "://"):
+        socket_timeout = min(socket_timeout, SENTINEL_SOCKET_TIMEOUT_S)
     options = {
         **_options(socket_timeout, redis.asyncio.retry.Retry),
         "max_connections": ASYNC_MAX_CONNECTIONS,
@@ -120,7 +188,12 @@ def connect_async(url: str, socket_timeout: float) -> redis.asyncio.Redis:
         sentinel = redis.asyncio.sentinel.Sentinel(
             where.sentinels, sentinel_kwargs=_sentinel_options(socket_timeout)
         )
-        return sentinel.master_for(where.service, **options, **where.connection_kwargs())
+        return sentinel.master_for(
+            where.service,
+            connection_class=_AsyncPrimaryConnection,
+            **options,
+            **where.connection_kwargs(),
+        )
     return redis.asyncio.Redis.from_url(url, **options)
 
 

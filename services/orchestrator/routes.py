@@ -16,7 +16,6 @@ from prime_swarm.libs.rollout.admission import (
     fair_share,
 )
 from prime_swarm.libs.rollout.calibration import acceptance_for
-from prime_swarm.libs.streams.replication import Replication
 from prime_swarm.protocol.messages import (
     Heartbeat,
     HeartbeatReply,
@@ -213,9 +212,10 @@ async def admit(route: str, body: RolloutSubmission, pool: Pool) -> str:
         raise refuse(route, 410, "the lease expired before submission", "lease_expired")
     if admitted == Admission.DUPLICATE:
         raise refuse(route, 409, "this lease was already answered", "duplicate")
-    if replication == Replication.LAGGING:
-        # In on the primary, not yet on its replica: a failover now would lose it, so the
-        # worker keeps it and retries (the retry is this submission again: ADMITTED_BEFORE).
+    if replication is not None and not replication.acknowledged:
+        # In on this node, not yet on a replica (or this node is a deposed primary): a
+        # failover would lose it, so the worker keeps it and retries (the retry is this
+        # submission again: ADMITTED_BEFORE where it landed, ADMITTED where it did not).
         raise refuse(
             route,
             503,

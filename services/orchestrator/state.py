@@ -426,9 +426,9 @@ class LeaseBook:
                 client=pipe,
             )
             waits = self.replica_wait.queue(pipe)
-            outcome, *acked = await pipe.execute()
+            outcome, *replicated = await pipe.execute()
         replication = (
-            await self.replica_wait.verdict_async(self.redis, int(acked[0])) if waits else None
+            await self.replica_wait.verdict_async(self.redis, *replicated) if waits else None
         )
         return Admission(int(outcome)), replication
 

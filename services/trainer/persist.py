@@ -131,28 +131,39 @@ class Persister:
         replicas, until one holds them (a failover that lost them would have the entries
         delivered again, and the trained set would not know them)."""
         for attempt in range(ACK_ATTEMPTS):
-            with self.r.pipeline(transaction=False) as pipe:
-                self._ack_script(
-                    keys=[TRAINED, TRAINED_BY_STEP, streams.ROLLOUTS_VERIFIED],
-                    args=[
-                        streams.TRAINER_GROUP,
-                        snap.state.step,
-                        len(snap.state.trained),
-                        *snap.state.trained,
-                        *snap.entry_ids,
-                    ],
-                    client=pipe,
-                )
-                waits = self.replica_wait.queue(pipe)
-                _, *acked = pipe.execute()
-            if not waits or self.replica_wait.verdict(self.r, int(acked[0])) != Replication.LAGGING:
+            try:
+                replication = self._ack_once(snap)
+            except redis.exceptions.NoScriptError:
+                # The pipeline checked its script on one node and a retry ran it on another
+                # (a failover in between: scripts are not replicated). The next try loads it.
+                continue
+            if replication is None or replication.acknowledged:
                 return
             metrics.UNREPLICATED_ACKS.inc()
             log.warning(
-                "step %d acknowledged but not yet replicated (try %d)", snap.state.step, attempt + 1
-            )
+                "step %d acknowledged but not yet replicated (%s, try %d)",
+                snap.state.step, replication, attempt + 1,
+            )  # fmt: skip
         # The step is saved on disk (a restart re-adds its ids) and the trainer remembers what
         # it took (loop.py `_taken`): going on is safe, only the books could miss the step.
+
+    def _ack_once(self, snap: Snapshot) -> Replication | None:
+        """The script, then WAIT on the same connection; None: no replicas to wait for."""
+        with self.r.pipeline(transaction=False) as pipe:
+            self._ack_script(
+                keys=[TRAINED, TRAINED_BY_STEP, streams.ROLLOUTS_VERIFIED],
+                args=[
+                    streams.TRAINER_GROUP,
+                    snap.state.step,
+                    len(snap.state.trained),
+                    *snap.state.trained,
+                    *snap.entry_ids,
+                ],
+                client=pipe,
+            )
+            waits = self.replica_wait.queue(pipe)
+            _, *replicated = pipe.execute()
+        return self.replica_wait.verdict(self.r, *replicated) if waits else None
 
     def _publish_latest(self) -> None:
         if self._saved > self._published:

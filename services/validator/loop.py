@@ -21,6 +21,7 @@ from prime_swarm.libs.rollout import verify
 from prime_swarm.libs.rollout.admission import Refusal, check_admission, check_answers_lease
 from prime_swarm.libs.streams.connection import connect
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
+from prime_swarm.libs.streams.replication import ReplicaWait, has_replicas
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
     PolicyAnnouncement,
@@ -90,6 +91,7 @@ class Validator:
             account.address,
             settings.attest_batch_size,
             settings.attest_interval_s,
+            ReplicaWait(has_replicas(settings.redis_url)),
         )
         self.store = PolicyStore(
             settings.cache_dir,

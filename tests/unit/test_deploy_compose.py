@@ -72,6 +72,7 @@ RELAYS = ("relay-0", "relay-1")
 PUBLISHED = {"orchestrator", *RELAYS}
 WORKERS = 3  # replicas of the `worker` service
 MONITORING_FILE = ROOT / "docker-compose.monitoring.yml"
+HA_FILE = ROOT / "docker-compose.ha.yml"
 ENTRYPOINT = ROOT / "deploy" / "docker" / "entrypoint.sh"
 # Compose service -> the Redis ACL role it connects as (deploy/redis_acl.py); no other service
 # may reach Redis.
@@ -502,26 +503,32 @@ def test_compose_secrets_are_the_files_the_generator_writes(compose: dict, tmp_p
 
     made = tmp_path / "secrets"
     compose_secrets.generate(made)
+    ha = yaml.safe_load(HA_FILE.read_text())
     files = {}
-    for name, spec in compose["secrets"].items():
+    for name, spec in {**compose["secrets"], **ha["secrets"]}.items():
         m = re.fullmatch(r"\$\{SWARM_SECRETS_DIR:-\./deploy/docker/secrets\}/(.+)", spec["file"])
         assert m, f"secret {name}: {spec['file']} is not under SWARM_SECRETS_DIR"
         files[name] = m.group(1)
-    # The host-side roles' passwords are read on the host (the books), by no container.
+    # The host-side roles' passwords are read on the host (the books), by no container; the
+    # replica's and the Sentinels' only where docker-compose.ha.yml runs them.
     host_side = {compose_secrets.password_file(r) for r in compose_secrets.HOST_SIDE_ROLES}
     assert set(files.values()) == {p.name for p in made.iterdir()} - host_side
+    assert set(ha["secrets"]) == {"redis_replica_password", "redis_sentinel_password"}
     assert (ROOT / ".gitignore").read_text().count("deploy/docker/secrets/") == 1
     assert "deploy/docker/secrets" in (ROOT / ".dockerignore").read_text().split()
-    # Each file is owned by the user of the container that reads it (bind-mounted as is).
+    # Each file is owned by the user of the container that reads it (bind-mounted as is), in
+    # either file: the redis image's user, Grafana's, or ours.
     stock_image_owners = {
         "redis": compose_secrets.REDIS_OWNER,
-        "grafana": compose_secrets.GRAFANA_OWNER,
+        "grafana/grafana": compose_secrets.GRAFANA_OWNER,
     }
     readers: dict[str, set[tuple[int, int]]] = {}
-    for svc_name, svc in compose["services"].items():
-        owner = stock_image_owners.get(svc_name, compose_secrets.PRIME_OWNER)
-        for source in secrets_of(svc):
-            readers.setdefault(files[source], set()).add(owner)
+    for services in (compose["services"], ha["services"]):
+        for svc_name, svc in services.items():
+            image = (svc.get("image") or compose["services"][svc_name]["image"]).split(":")[0]
+            owner = stock_image_owners.get(image, compose_secrets.PRIME_OWNER)
+            for source in secrets_of(svc):
+                readers.setdefault(files[source], set()).add(owner)
     for file, owners in readers.items():
         assert owners == {compose_secrets.owner_of(file)}, f"{file} is read as {owners}"
     uid = compose_secrets.PRIME_OWNER[0]
@@ -542,6 +549,17 @@ def test_entrypoint_puts_the_password_into_the_redis_url(tmp_path: Path) -> None
     assert "PRIME_TRAINER_REDIS_URL=redis://trainer:Abc_123-xyz@redis:6379/0" in ok.stdout
     assert run(PRIME_TRAINER_REDIS_URL="redis://redis:6379/0").returncode != 0  # no user
     assert run(PRIME_TRAINER_REDIS_URL="redis://t:pw@redis:6379/0").returncode != 0
+    # docker-compose.ha.yml: the data nodes' password into a Sentinel URL, after the user.
+    sentinels = "redis+sentinel://trainer@s-1:26379,s-2:26379/prime/0"
+    ok = run(PRIME_TRAINER_REDIS_URL=sentinels)
+    assert ok.returncode == 0, ok.stderr
+    assert (
+        "PRIME_TRAINER_REDIS_URL=redis+sentinel://trainer:Abc_123-xyz@s-1:26379,s-2:26379/prime/0"
+        in ok.stdout
+    )
+    assert run(PRIME_TRAINER_REDIS_URL="redis+sentinel://s-1:26379/prime/0").returncode != 0
+    assert run(PRIME_TRAINER_REDIS_URL="redis+sentinel://t:pw@s-1:26379/prime").returncode != 0
+    assert run(PRIME_TRAINER_REDIS_URL="rediss://trainer@redis:6379/0").returncode != 0
     assert run().returncode != 0  # a password with no URL to put it in is a mistake
     secret.write_text("has space")
     assert run(PRIME_TRAINER_REDIS_URL="redis://trainer@redis:6379/0").returncode != 0
@@ -700,10 +718,8 @@ def test_grafana_is_provisioned_with_the_dashboards(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------ compose
 
 
-@pytest.mark.parametrize("files", [[COMPOSE_FILE], [COMPOSE_FILE, MONITORING_FILE]],
-                         ids=["base", "with-monitoring"])  # fmt: skip
-def test_docker_compose_config_is_valid(files: list[Path], tmp_path: Path) -> None:
-    """Compose itself reads both files (no engine needed). Not skipped when docker-compose is
+def compose_config(files: list[Path], secrets: Path) -> dict:
+    """What compose makes of `files` (no engine needed). Not skipped when docker-compose is
     missing: `make setup` installs it, so a missing one is a setup to fix, not a pass."""
     from prime_swarm.deploy import compose_secrets
 
@@ -711,24 +727,263 @@ def test_docker_compose_config_is_valid(files: list[Path], tmp_path: Path) -> No
         "docker-compose is not on PATH: run `make setup` (it installs Debian's docker-compose, "
         "or: apt-get install -y docker-compose)"
     )
-    compose_secrets.generate(tmp_path / "secrets")
+    compose_secrets.generate(secrets)
     args = [a for f in files for a in ("-f", str(f))]
     result = subprocess.run(
         ["docker-compose", *args, "config"], cwd=ROOT, capture_output=True, text=True,
-        timeout=60, env={**os.environ, "SWARM_SECRETS_DIR": str(tmp_path / "secrets")},
+        timeout=60, env={**os.environ, "SWARM_SECRETS_DIR": str(secrets)},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    merged = yaml.safe_load(result.stdout)
+    return yaml.safe_load(result.stdout)
+
+
+@pytest.mark.parametrize(
+    "files",
+    [[COMPOSE_FILE], [COMPOSE_FILE, MONITORING_FILE], [COMPOSE_FILE, HA_FILE],
+     [COMPOSE_FILE, HA_FILE, MONITORING_FILE]],
+    ids=["base", "with-monitoring", "with-ha", "with-ha-and-monitoring"],
+)  # fmt: skip
+def test_docker_compose_config_is_valid(files: list[Path], tmp_path: Path) -> None:
+    """Compose itself reads the files, overrides merged in."""
+    merged = compose_config(files, tmp_path / "secrets")
     published = {n for n, svc in merged["services"].items() if svc.get("ports")}
     extra = {"prometheus", "grafana"} if MONITORING_FILE in files else set()
+    if HA_FILE in files:
+        extra.add("orchestrator-lb")
     assert published == PUBLISHED | extra
     # What compose makes of the networks, override merged in: the workers reach only `public`
     # and Prometheus; Prometheus keeps the worker network with the monitoring file too.
     nets = {n: set(svc.get("networks") or {}) for n, svc in merged["services"].items()}
-    publishing = {"monitoring"} if extra else set()
+    publishing = {"monitoring"} if MONITORING_FILE in files else set()
     assert nets["prometheus"] == {"backend", WORKER_METRICS_NET} | publishing
     assert nets["grafana"] == {"backend"} | publishing
     assert nets["worker"] == {"public", WORKER_METRICS_NET}
     assert merged["services"]["worker"]["deploy"]["replicas"] == WORKERS
     for spec in merged["secrets"].values():
         assert Path(spec["file"]).is_file(), spec["file"]
+
+
+# ------------------------------------------------------------------------------------ HA override
+
+HA_LOCAL_FILE = ROOT / "deploy" / "docker" / "compose.ha.local.yml"
+HAPROXY_CONFIG = ROOT / "deploy" / "haproxy" / "orchestrators.cfg"
+HA_START = ROOT / "deploy" / "redis" / "ha-start.sh"
+ORCHESTRATORS = ("orchestrator", "orchestrator-2", "orchestrator-3")
+SENTINELS = ("sentinel-1", "sentinel-2", "sentinel-3")
+SENTINEL_PORT = 26379
+
+
+@pytest.fixture(scope="module")
+def ha(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """docker-compose.yml with docker-compose.ha.yml, as compose merges them."""
+    secrets = tmp_path_factory.mktemp("ha") / "secrets"
+    return compose_config([COMPOSE_FILE, HA_FILE], secrets)["services"]
+
+
+def test_ha_every_redis_client_finds_the_primary_through_the_sentinels(
+    ha: dict[str, dict],
+) -> None:
+    from prime_swarm.libs.localnet import redis_ha
+    from prime_swarm.libs.streams.connection import SentinelURL
+
+    assert sorted(n for n in ha if n.startswith("sentinel-")) == list(SENTINELS)
+    hosts = ",".join(f"{s}:{SENTINEL_PORT}" for s in SENTINELS)
+    clients = {n: s for n, s in ha.items() if any(k.endswith("_REDIS_URL") for k in env_of(s))}
+    assert set(clients) == {*ORCHESTRATORS, "validator", "trainer"}
+    for name, svc in clients.items():
+        role = "orchestrator" if name in ORCHESTRATORS else REDIS_ROLE[name]
+        ((var, url),) = [(k, v) for k, v in env_of(svc).items() if k.endswith("_REDIS_URL")]
+        assert url == f"redis+sentinel://{role}@{hosts}/{redis_ha.SERVICE}/0", f"{name}: {var}"
+        parsed = SentinelURL.parse(url)
+        assert parsed.username == role and parsed.password is None  # the entrypoint adds it
+        assert env_of(svc)["SWARM_REDIS_PASSWORD_FILE"] == secrets_of(svc)[f"redis_{role}_password"]
+        # Started once the Sentinels could authorize a failover and the replica is up.
+        for dep in (*SENTINELS, "redis-replica"):
+            assert svc["depends_on"][dep]["condition"] == "service_healthy", (name, dep)
+
+
+def test_ha_redis_nodes_and_sentinels_log_in_as_their_own_users(ha: dict[str, dict]) -> None:
+    from prime_swarm.deploy import redis_acl
+    from prime_swarm.libs.localnet import redis_ha
+
+    for name in ("redis", "redis-replica", *SENTINELS):
+        svc = ha[name]
+        env = env_of(svc)
+        # The Sentinels' settings are libs/localnet/redis_ha.py's, which the local runs test.
+        assert env["REDIS_HA_SERVICE"] == redis_ha.SERVICE
+        assert int(env["REDIS_HA_QUORUM"]) == redis_ha.QUORUM
+        assert int(env["REDIS_HA_DOWN_AFTER_MS"]) == redis_ha.DOWN_AFTER_MS
+        assert int(env["REDIS_HA_FAILOVER_TIMEOUT_MS"]) == redis_ha.FAILOVER_TIMEOUT_MS
+        assert env["REDIS_HA_NAME"] == name  # its DNS name: the service's
+        assert env["REDIS_HA_PRIMARY"] == "redis"
+        assert env["REDIS_HA_SENTINELS"].split() == list(SENTINELS)
+        sentinel = name.startswith("sentinel-")
+        user = "sentinel" if sentinel else "replica"
+        assert env["REDIS_HA_USER"] == user and user in redis_acl.ROLES
+        assert env["REDIS_HA_PASSWORD_FILE"] == secrets_of(svc)[f"redis_{user}_password"]
+        assert svc["command"][:3] == ["sh", "/usr/local/bin/prime-redis-ha",
+                                      "sentinel" if sentinel else "node"]  # fmt: skip
+        assert f"{HA_START}:/usr/local/bin/prime-redis-ha:ro" in svc["volumes"]
+        assert networks_of(svc) == {"backend"}
+        assert not svc.get("ports")
+        assert svc["user"] == "999:999"  # the owner of its secrets (compose_secrets.REDIS_OWNER)
+        if sentinel:
+            assert set(secrets_of(svc)) == {"redis_sentinel_password"}
+            assert "ckquorum" in " ".join(svc["healthcheck"]["test"])
+            continue
+        # Both data nodes: the base file's Redis (the ACL, the append-only file), either role.
+        command = svc["command"]
+        assert secrets_of(svc)["redis_acl"] == command[command.index("--aclfile") + 1]
+        assert command[command.index("--appendonly") + 1] == "yes"
+        assert "--user healthcheck" in " ".join(svc["healthcheck"]["test"])
+        assert set(secrets_of(svc)) == {
+            "redis_acl", "redis_healthcheck_password", "redis_replica_password"
+        }  # fmt: skip
+        assert any(v.endswith(":/data") or v.endswith(":/data:rw") for v in svc["volumes"]), name
+    assert ha["redis-replica"]["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
+def test_ha_orchestrator_replicas_are_the_base_files_orchestrator(ha: dict[str, dict]) -> None:
+    first = ha["orchestrator"]
+    for name in ORCHESTRATORS[1:]:
+        svc = ha[name]
+        for key in ("image", "command", "environment", "secrets", "networks", "volumes",
+                    "depends_on", "healthcheck", "restart"):  # fmt: skip
+            assert svc.get(key) == first.get(key), f"{name}: {key} differs from orchestrator's"
+        assert svc["build"]["args"] == first["build"]["args"]
+        assert Path(svc["build"]["dockerfile"]).name == Path(first["build"]["dockerfile"]).name
+        assert not svc.get("ports"), f"{name} is reached through orchestrator-lb"
+    replicas = sorted(n for n, s in ha.items() if s.get("image", "").startswith("prime-swarm-orch"))
+    assert replicas == list(ORCHESTRATORS)
+
+
+def test_ha_the_balancer_is_the_pools_address(ha: dict[str, dict]) -> None:
+    port = int(env_of(ha["orchestrator"])["PRIME_ORCH_PORT"])
+    lb = ha["orchestrator-lb"]
+    assert env_of(ha["deployer"])["SWARM_ORCHESTRATOR_URL"] == f"http://orchestrator-lb:{port}"
+    # The workers' network: they reach the pool through it, and it nothing of the backend.
+    assert networks_of(lb) == {"public"}
+    assert [p["target"] for p in lb["ports"]] == [port]
+    config = lb["command"][lb["command"].index("-f") + 1]
+    assert f"{HAPROXY_CONFIG}:{config}:ro" in lb["volumes"]
+    for name in ORCHESTRATORS:
+        assert lb["depends_on"][name]["condition"] == "service_healthy"
+        assert "public" in networks_of(ha[name])
+    assert "/healthz" in " ".join(lb["healthcheck"]["test"])
+    for name in worker_services(ha):
+        assert ha[name]["depends_on"]["orchestrator-lb"]["condition"] == "service_healthy"
+
+
+def test_ha_the_committed_haproxy_config_is_the_balancers_render(ha: dict[str, dict]) -> None:
+    """deploy/haproxy/orchestrators.cfg is libs/localnet/balancer.haproxy_config for the compose
+    replicas, so the local balancer and the compose one never drift. To make it again:
+    .venv/bin/python -c 'from prime_swarm.libs.localnet.balancer import haproxy_config as h;
+    print(h(("0.0.0.0", 8000), [(n, 8000) for n in ("orchestrator", "orchestrator-2",
+    "orchestrator-3")]), end="")' > deploy/haproxy/orchestrators.cfg"""
+    from prime_swarm.libs.localnet.balancer import haproxy_config
+
+    port = int(env_of(ha["orchestrator"])["PRIME_ORCH_PORT"])
+    expected = haproxy_config(("0.0.0.0", port), [(name, port) for name in ORCHESTRATORS])
+    assert HAPROXY_CONFIG.read_text() == expected
+
+
+def test_ha_local_override_names_local_images_for_what_ha_adds(ha: dict[str, dict]) -> None:
+    """compose.ha.local.yml gives every service docker-compose.ha.yml adds the image `make images`
+    makes (deploy/docker/images.py) or its local build, as compose.local.yml does for the base."""
+    images = load_script(ROOT / "deploy" / "docker" / "images.py", "compose_images")
+    local = yaml.safe_load((ROOT / "deploy" / "docker" / "compose.local.yml").read_text())
+    ha_local = yaml.safe_load(HA_LOCAL_FILE.read_text())["services"]
+    added = set(yaml.safe_load(HA_FILE.read_text())["services"]) - set(
+        yaml.safe_load(COMPOSE_FILE.read_text())["services"]
+    )
+    assert set(ha_local) == added
+    for name in added:
+        if "build" in ha[name]:
+            assert ha_local[name]["build"] == local["services"]["orchestrator"]["build"], name
+        else:
+            assert ha_local[name]["image"] in images.INFRA_IMAGES.values(), name
+    assert images.INFRA_IMAGES["haproxy"] == ha_local["orchestrator-lb"]["image"]
+    assert "haproxy" in images.BASE_PACKAGES[images.INFRA].split(",")
+    assert "AS haproxy" in (ROOT / "deploy" / "docker" / "infra.Dockerfile").read_text()
+
+
+def _ha_start(
+    tmp_path: Path, service: dict, kind: str, primary: str | None, *args: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """deploy/redis/ha-start.sh as `service` runs it, with a redis-cli that answers as the
+    Sentinels would (`primary`; None: no Sentinel answers) and a redis-server that prints the
+    config it was given."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "redis-cli").write_text(
+        "#!/bin/sh\n" + ("exit 1\n" if primary is None else f"echo {primary}; echo 6379\n")
+    )
+    (bin_dir / "redis-server").write_text('#!/bin/sh\ncat "$1"; echo "ARGS: $*"\n')
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    secret = tmp_path / "password"
+    secret.write_text("Pw_0123456789-abcdef\n")
+    env = {
+        **env_of(service),
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "REDIS_HA_PASSWORD_FILE": str(secret),
+        "REDIS_HA_DIR": str(tmp_path / "conf"),
+    }
+    out = subprocess.run(["sh", str(HA_START), kind, *args], env=env, capture_output=True,
+                         text=True, timeout=30)  # fmt: skip
+    return out, tmp_path / "conf"
+
+
+def test_ha_start_asks_the_sentinels_which_node_is_the_primary(tmp_path: Path) -> None:
+    services = yaml.safe_load(HA_FILE.read_text())["services"]
+    node_args = ("--appendonly", "yes")
+    # The first start of the set: no Sentinel answers, `redis` is the primary.
+    out, conf = _ha_start(tmp_path / "a", services["redis"], "node", None, *node_args)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "masteruser replica" in lines and "masterauth Pw_0123456789-abcdef" in lines
+    assert "replica-announce-ip redis" in lines
+    assert not [ln for ln in lines if ln.startswith("replicaof")]
+    assert lines[-1] == f"ARGS: {conf / 'redis.conf'} --appendonly yes"
+    assert (conf / "redis.conf").stat().st_mode & 0o077 == 0  # it holds a password
+    out, _ = _ha_start(tmp_path / "b", services["redis-replica"], "node", None, *node_args)
+    assert "replicaof redis 6379" in out.stdout.splitlines()
+    # After a failover the Sentinels name the replica: the old primary comes back as its replica.
+    out, _ = _ha_start(tmp_path / "c", services["redis"], "node", "redis-replica", *node_args)
+    assert "replicaof redis-replica 6379" in out.stdout.splitlines()
+    out, _ = _ha_start(tmp_path / "d", services["redis-replica"], "node", "redis-replica")
+    assert not [ln for ln in out.stdout.splitlines() if ln.startswith("replicaof")]
+
+
+def test_ha_start_writes_a_sentinel_config_of_names(tmp_path: Path) -> None:
+    from prime_swarm.libs.localnet import redis_ha
+
+    services = yaml.safe_load(HA_FILE.read_text())["services"]
+    out, conf = _ha_start(tmp_path / "a", services["sentinel-2"], "sentinel", None)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    svc = redis_ha.SERVICE
+    monitor = f"sentinel monitor {svc} redis 6379 {redis_ha.QUORUM}"
+    # Names are resolved only once resolve-hostnames is on: it must come first.
+    assert lines.index("sentinel resolve-hostnames yes") < lines.index(monitor)
+    assert "sentinel announce-hostnames yes" in lines
+    assert "sentinel announce-ip sentinel-2" in lines
+    assert f"sentinel down-after-milliseconds {svc} {redis_ha.DOWN_AFTER_MS}" in lines
+    assert f"sentinel failover-timeout {svc} {redis_ha.FAILOVER_TIMEOUT_MS}" in lines
+    assert f"sentinel auth-user {svc} sentinel" in lines
+    assert f"sentinel auth-pass {svc} Pw_0123456789-abcdef" in lines
+    assert f"port {SENTINEL_PORT}" in lines
+    assert lines[-1] == f"ARGS: {conf / 'sentinel.conf'} --sentinel"
+    # A Sentinel that restarts after a failover watches the primary the others name.
+    out, _ = _ha_start(tmp_path / "b", services["sentinel-1"], "sentinel", "redis-replica")
+    assert f"sentinel monitor {svc} redis-replica 6379 {redis_ha.QUORUM}" in out.stdout
+    # A password that would break a config line is refused.
+    bad, _ = _ha_start(tmp_path / "c", services["sentinel-1"], "sentinel", None)
+    assert bad.returncode == 0
+    (tmp_path / "c" / "password").write_text("two words")
+    env = {**env_of(services["sentinel-1"]), "PATH": os.environ["PATH"],
+           "REDIS_HA_PASSWORD_FILE": str(tmp_path / "c" / "password"),
+           "REDIS_HA_DIR": str(tmp_path / "c" / "conf")}  # fmt: skip
+    refused = subprocess.run(["sh", str(HA_START), "sentinel"], env=env, capture_output=True,
+                             text=True, timeout=30)  # fmt: skip
+    assert refused.returncode == 1 and "URL-safe" in refused.stderr

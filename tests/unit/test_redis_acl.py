@@ -165,6 +165,34 @@ def test_acl_file_guards_default_and_holds_only_hashes() -> None:
         redis_acl.acl_file({**passwords, "trainer": "short"})
 
 
+def test_the_failover_users_get_what_replication_and_sentinel_send_and_no_key() -> None:
+    """`replica` and `sentinel` (docker-compose.ha.yml): the commands Redis's replication and
+    Sentinel docs list, no key at all, and for the Sentinel only its hello channel.
+    tests/integration/test_redis_acl_replication.py runs a failover under them."""
+    passwords = {user: f"pw-{user}-0123456789abcdef" for user in redis_acl.USERS}
+    lines = {ln.split()[1]: ln for ln in redis_acl.acl_file(passwords).splitlines()}
+    replica, sentinel = redis_acl.ROLES["replica"], redis_acl.ROLES["sentinel"]
+    assert replica.commands == {"psync", "replconf", "ping"}
+    assert sentinel.commands == {
+        "multi", "exec", "slaveof", "ping", "subscribe", "publish", "info", "role",
+        "config|rewrite", "client|setname", "client|kill", "script|kill",
+    }  # fmt: skip
+    for role in (replica, sentinel):
+        assert not role.grants
+        assert not any(role.allows(c, k) for c in role.commands for k in ("orch:x", "x"))
+        rules = lines[role.name].split()
+        assert "resetkeys" in rules and not [r for r in rules if "~" in r], rules
+        assert "-@all" in rules and "+@all" not in rules
+    assert [r for r in lines["replica"].split() if r.startswith("&")] == []
+    assert [r for r in lines["sentinel"].split() if r.startswith("&")] == ["&__sentinel__:hello"]
+    # Channels come after resetchannels, or the reset would drop them.
+    rules = lines["sentinel"].split()
+    assert rules.index("resetchannels") < rules.index("&__sentinel__:hello")
+    # The services' roles still get no channel at all.
+    for name in ("orchestrator", "validator", "trainer", "healthcheck", "auditor"):
+        assert not [r for r in lines[name].split() if r.startswith("&")], name
+
+
 # ------------------------------------------------------------------------------------ generator
 
 
@@ -222,6 +250,8 @@ def test_generator_gives_each_file_to_its_containers_user(
     compose_secrets.generate(out, workers=1, chown=True)
     assert set(owners) == {p.name for p in out.iterdir()}
     assert owners["redis.acl"] == owners["redis-healthcheck.password"] == (999, 999)
+    # Read by the replica and the Sentinels of docker-compose.ha.yml: containers of the redis image.
+    assert owners["redis-replica.password"] == owners["redis-sentinel.password"] == (999, 999)
     assert owners["grafana-admin.password"] == (472, 0)
     for name in ("trainer-key.json", "validator-key.json", "worker-0-key.json",
                  "redis-orchestrator.password", "addresses.json"):  # fmt: skip
