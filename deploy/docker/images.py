@@ -135,14 +135,31 @@ def wheelhouse() -> None:
     shutil.copy2(ANVIL, WHEELHOUSE / "anvil")
 
 
+# The legacy builder's upload of the build context (330 MB with the wheelhouse) sometimes breaks
+# off: the engine logs "Error processing tar file(exit status 1): unexpected EOF", the client
+# "io: read/write on closed pipe", and the same build, run again, passes (2 of 8 builds on a
+# fresh machine here). A build that fails for any other reason fails again, at the same cost as
+# a cached rebuild.
+BUILD_TRIES = 3
+CONTEXT_BROKEN = "Error processing tar file"
+
+
 def quietly(what: str, *argv: str, env: dict[str, str] | None = None) -> None:
     """A build whose chatter (compose's warning per secret file not made yet, the legacy
-    builder's deprecation note) shows only when it fails."""
-    out = subprocess.run(
-        argv, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True
-    )
-    if out.returncode != 0:
-        sys.exit(f"images: {what} failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
+    builder's deprecation note) shows only when it fails; tried again when only the upload of
+    its context broke (CONTEXT_BROKEN)."""
+    for attempt in range(1, BUILD_TRIES + 1):
+        out = subprocess.run(
+            argv, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True
+        )
+        if out.returncode == 0:
+            return
+        broken = CONTEXT_BROKEN in out.stdout + out.stderr or "closed pipe" in out.stderr
+        if not broken or attempt == BUILD_TRIES:
+            break
+        print(f"images: {what}: the build context's upload broke off; building again",
+              file=sys.stderr)  # fmt: skip
+    sys.exit(f"images: {what} failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
 
 
 def build(extra: str, tag: str) -> None:
