@@ -6,8 +6,10 @@
 #    address exist only once the deployer has run. Variables already set in the container's
 #    environment win over the file.
 # 2. If SWARM_REDIS_PASSWORD_FILE is set (a compose secret), put that password into every
-#    PRIME_*_REDIS_URL naming a user, redis://USER@HOST:PORT/DB -> redis://USER:PASSWORD@...:
-#    compose's `environment:` shows in `docker inspect`, so it holds the user, never the password.
+#    PRIME_*_REDIS_URL naming a user, redis://USER@HOST:PORT/DB -> redis://USER:PASSWORD@...,
+#    and the same for redis+sentinel://USER@HOST:PORT,...:PORT/SERVICE/DB (docker-compose.ha.yml:
+#    the password is the data nodes'; the Sentinels are asked without one): compose's
+#    `environment:` shows in `docker inspect`, so it holds the user, never the password.
 # 3. Run the given command, or this image's service when none is given.
 set -eu
 
@@ -52,16 +54,18 @@ if [ -n "${SWARM_REDIS_PASSWORD_FILE:-}" ]; then
     fi
     for var in $urls; do
         eval "url=\${$var}"
-        rest=${url#redis://}
-        user=${rest%%@*}
         case "$url" in
-            redis://?*@?*) ;;
-            *) echo "prime-entrypoint: $var must look like redis://USER@HOST:PORT/DB" >&2; exit 1 ;;
+            redis://?*@?* | redis+sentinel://?*@?*) ;;
+            *) echo "prime-entrypoint: $var must look like redis://USER@HOST:PORT/DB or" \
+                    "redis+sentinel://USER@HOST:PORT[,HOST:PORT...]/SERVICE/DB" >&2; exit 1 ;;
         esac
+        scheme=${url%%://*}
+        rest=${url#*://}
+        user=${rest%%@*}
         case "$user" in
             *:* | */*) echo "prime-entrypoint: $var must name a user and no password" >&2; exit 1 ;;
         esac
-        export "$var=redis://$user:$password@${rest#*@}"
+        export "$var=$scheme://$user:$password@${rest#*@}"
     done
 fi
 
