@@ -104,6 +104,17 @@ class ChaosRun:
                     trainer.stop(timeout_s=60)  # SIGTERM: it saves and exits between steps
             time.sleep(0.25)
 
+    def _books_now(self) -> dict[str, int]:
+        """The books right after a failover, read from the new primary: nothing trained twice
+        and nothing unaccounted so far (what is in flight counts as such, not as lost)."""
+        assert self.net.redis is not None
+        r = self.net.redis.client()
+        try:
+            rollouts = account(r, 0)["rollouts"]
+        finally:
+            r.close()
+        return {k: rollouts[k] for k in ("submitted", "trained_twice", "unaccounted")}  # type: ignore[index]
+
     def supervise(self, started: float, spare: Sequence[str] = ()) -> None:
         """Restart, as a supervisor would, any process (but `spare`) that died of something
         other than a planned kill (the others' deaths, a retry budget spent)."""
@@ -123,7 +134,7 @@ class ChaosRun:
             self.say(f"chaos: Redis primary {how} at step {step}")  # type: ignore[operator]
             lose = net.redis.kill_primary if part == "redis" else net.redis.cut_primary
             figures = lose(down_s=self.rng.uniform(*self.gap_s))
-            self.failovers.append({"how": how, **at, **figures})
+            self.failovers.append({"how": how, **at, **figures, **self._books_now()})
         else:
             self.say(f"chaos: kill -9 {name} at step {step}")  # type: ignore[operator]
             net.crash_and_restart(name)
@@ -185,4 +196,32 @@ def run(s: ChaosSettings) -> dict[str, object]:
     write_result(s.out, result)
     print(json.dumps({k: result[k] for k in ("completed", "kills", "rollouts")}))
     print(f"wrote {s.out}")
+    if s.redis_ha:
+        record_failovers(s.ha_out, result)
     return result
+
+
+def record_failovers(path: Path, result: dict[str, object]) -> None:
+    """`redis_failover` of bench/results/ha.json: each failover (how, promotion, the outage a
+    writer saw, the books right after it) and the run's closing books."""
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    doc["redis_failover"] = {
+        "kills": result["failovers"],
+        "rollouts": result["rollouts"],
+        "onchain_units": result["onchain_units"],
+        "validator_units": result["validator_units"],
+        "other_kills": {
+            k: v
+            for k, v in result["kills"].items()
+            if k not in ("redis", "redis-cut")  # type: ignore[union-attr]
+        },
+        "restarts_after_unplanned_exit": result["restarts_after_unplanned_exit"],
+        "orchestrators": result["orchestrators"],
+        "steps": result["steps"],
+        "wall_seconds": result["wall_seconds"],
+        "command": "prime-swarm chaos --redis-ha --orchestrators 3 "
+        "--parts redis,redis-cut,orchestrator --kills-each 3",
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    write_result(path, doc)
+    print(f"wrote {path} (redis_failover)")

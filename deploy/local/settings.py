@@ -244,6 +244,10 @@ class ChaosSettings(LocalNetworkSettings):
     gap_max_s: float = Field(9.0, gt=0, description="Longest pause between two kills.")
     steps_after: int = Field(4, ge=1, description="Steps trained after the last kill.")
     out: Path = Field(Path("bench/results/chaos.json"), description="Where the result goes.")
+    ha_out: Path = Field(
+        Path("bench/results/ha.json"),
+        description="With --redis-ha: where each failover's figures go (`redis_failover`).",
+    )
 
     @model_validator(mode="after")
     def _cut_needs_ha(self) -> ChaosSettings:

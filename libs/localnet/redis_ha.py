@@ -152,9 +152,11 @@ class RedisHA:
         """A client of the current primary (the books, tests); services use the URL."""
         return self.primary().client()
 
-    def wait_until_replicated(self, timeout_s: float) -> None:
-        """Until the primary the Sentinels name reports a replica online and in sync."""
-        deadline = time.monotonic() + timeout_s
+    def wait_until_replicated(self, timeout_s: float) -> float:
+        """Until the primary the Sentinels name reports a replica online and in sync; returns
+        the seconds it took."""
+        started = time.monotonic()
+        deadline = started + timeout_s
         while time.monotonic() < deadline:
             try:
                 node = self.primary()
@@ -164,7 +166,7 @@ class RedisHA:
                     for k, v in info.items()
                     if k.startswith("slave")
                 ):
-                    return
+                    return time.monotonic() - started
             except (RuntimeError, redis.RedisError):
                 pass
             time.sleep(0.2)
@@ -210,7 +212,18 @@ class RedisHA:
         time.sleep(max(0.0, down_s - (time.monotonic() - started)))
         node.process = node.process.respawn()
         node.process.wait_until(node._ping, 30.0, "answering PING after a restart")
-        return {"promoted_s": round(promoted, 2), "downtime_s": round(downtime, 2)}
+        return {
+            "promoted_s": round(promoted, 2),
+            "downtime_s": round(downtime, 2),
+            **self._redundant_again(started),
+        }
+
+    def _redundant_again(self, started: float) -> dict[str, float]:
+        """Wait until the lost node is the new primary's replica and in sync: a pair tolerates
+        one loss at a time, and losing the new primary before then is a second failure (its
+        writes acknowledged without a replica go with it: docs/high-availability.md)."""
+        self.wait_until_replicated(120.0)
+        return {"redundant_again_s": round(time.monotonic() - started, 2)}
 
     def cut_primary(self, down_s: float = 0.0) -> dict[str, float]:
         """Cut the primary off from every peer (SIGSTOP: it neither answers nor writes) until
@@ -226,7 +239,11 @@ class RedisHA:
             time.sleep(max(0.0, down_s - (time.monotonic() - started)))
         finally:
             os.killpg(node.process.proc.pid, signal.SIGCONT)
-        return {"promoted_s": round(promoted, 2), "downtime_s": round(downtime, 2)}
+        return {
+            "promoted_s": round(promoted, 2),
+            "downtime_s": round(downtime, 2),
+            **self._redundant_again(started),
+        }
 
     def crash_and_restart(self) -> None:
         """A chaos kill of "redis": the primary's machine is lost (`kill_primary`)."""
