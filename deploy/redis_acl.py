@@ -171,9 +171,13 @@ ORCHESTRATOR = Role(
             keys=(*ORCHESTRATOR_KEYS, streams.ROLLOUTS_SUBMITTED, streams.ROLLOUTS_VERIFIED),
             commands=SCRIPTS,
         ),
-        Grant(keys=(streams.ROLLOUTS_SUBMITTED,), commands=("xadd", "xlen", "xinfo|groups")),
+        Grant(
+            keys=(streams.ROLLOUTS_SUBMITTED,), commands=("xadd", "xlen", "xinfo|groups", "xrange")
+        ),
         # Lease admission counts what the trainer has not consumed yet.
-        Grant(keys=(streams.ROLLOUTS_VERIFIED,), commands=("xinfo|groups",), read_only=True),
+        Grant(
+            keys=(streams.ROLLOUTS_VERIFIED,), commands=("xinfo|groups", "xrange"), read_only=True
+        ),
         Grant(
             keys=(streams.POLICY_ANNOUNCEMENTS, streams.TRAINER_PROGRESS),
             commands=("xrevrange",),
