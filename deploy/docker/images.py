@@ -159,7 +159,16 @@ def quietly(what: str, *argv: str, env: dict[str, str] | None = None) -> None:
             break
         print(f"images: {what}: the build context's upload broke off; building again",
               file=sys.stderr)  # fmt: skip
-    sys.exit(f"images: {what} failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
+    sys.exit(f"images: {what} failed:\n{unnoisy(out.stdout)[-3000:]}{unnoisy(out.stderr)[-3000:]}")
+
+
+# Lines a failed build's output is mostly made of, none of them why it failed: compose's warning
+# for each secret file not made yet, pip's for each find-links folder it does not have.
+NOISE = ("uses an undefined secret file", "WARNING: Location 'file:")
+
+
+def unnoisy(text: str) -> str:
+    return "".join(ln for ln in text.splitlines(keepends=True) if not any(n in ln for n in NOISE))
 
 
 def build(extra: str, tag: str) -> None:

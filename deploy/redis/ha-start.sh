@@ -10,9 +10,11 @@
 # node's own secret rather than kept in the compose file.
 #
 # Which node is the primary is the Sentinels' to say, not this container's: a node (or a
-# Sentinel) that restarts asks the Sentinels first, and only when none answers (the first start
-# of the set) takes REDIS_HA_PRIMARY. A node that came back as the primary it was before the
-# failover would take writes the new primary never sees until the Sentinels demoted it.
+# Sentinel) asks the Sentinels first, and only when none answers on the first start of its
+# container (the first start of the set: the Sentinels start after `redis`) takes
+# REDIS_HA_PRIMARY. A node restarted in the same container waits for an answer
+# (REDIS_HA_WAIT_S): coming back as the primary it was before a failover, it would take writes
+# the new primary never sees until the Sentinels demoted it.
 #
 # Environment (docker-compose.ha.yml's x-redis-ha-env):
 #   REDIS_HA_NAME            this container's DNS name on `backend` (its compose service)
@@ -27,6 +29,10 @@
 #   REDIS_HA_PASSWORD_FILE   that user's password (a compose secret)
 #   REDIS_HA_DIR             where the config is written (default /data/ha: the redis image's
 #                            /data belongs to its user)
+#   REDIS_HA_WAIT_S          how long a restarted node waits for a Sentinel (default 60)
+#   REDIS_HA_STARTED         the mark of a start in this container (default /tmp/...: in the
+#                            container's own layer, which a restart keeps and a new container
+#                            has not)
 set -eu
 
 kind=${1:-}
@@ -55,22 +61,37 @@ esac
 # The primary as the first Sentinel that answers names it (another Sentinel's view when this
 # is a Sentinel); empty when none does. `timeout`: a Sentinel whose container is paused or cut
 # off must not hold this start.
-primary=""
-for sentinel in $REDIS_HA_SENTINELS; do
-    [ "$sentinel" = "$REDIS_HA_NAME" ] && continue
-    answer=$(timeout 3 redis-cli -h "$sentinel" -p 26379 --raw \
-        sentinel get-master-addr-by-name "$REDIS_HA_SERVICE" 2>/dev/null | head -n 1) || answer=""
-    case "$answer" in
-        '' | *ERR* | *' '*) ;;
-        *) primary=$answer; break ;;
-    esac
-done
+ask_sentinels() {
+    for sentinel in $REDIS_HA_SENTINELS; do
+        [ "$sentinel" = "$REDIS_HA_NAME" ] && continue
+        answer=$(timeout 3 redis-cli -h "$sentinel" -p 26379 --raw \
+            sentinel get-master-addr-by-name "$REDIS_HA_SERVICE" 2>/dev/null | head -n 1) \
+            || answer=""
+        case "$answer" in
+            '' | *ERR* | *' '*) ;;
+            *) echo "$answer"; return ;;
+        esac
+    done
+}
+
+started=${REDIS_HA_STARTED:-/tmp/prime-redis-ha.started}
+primary=$(ask_sentinels)
+if [ -z "$primary" ] && [ "$kind" = node ] && [ -e "$started" ]; then
+    echo "ha-start: restarted; waiting for a Sentinel to name the primary" >&2
+    waited=0
+    while [ -z "$primary" ] && [ "$waited" -lt "${REDIS_HA_WAIT_S:-60}" ]; do
+        sleep 1
+        waited=$((waited + 1))
+        primary=$(ask_sentinels)
+    done
+fi
 if [ -z "$primary" ]; then
     primary=$REDIS_HA_PRIMARY
-    echo "ha-start: no Sentinel names a primary yet; starting with $primary as the primary" >&2
+    echo "ha-start: no Sentinel names a primary; starting with $primary as the primary" >&2
 else
     echo "ha-start: the Sentinels name $primary as the primary" >&2
 fi
+: > "$started"
 
 umask 077
 dir=${REDIS_HA_DIR:-/data/ha}

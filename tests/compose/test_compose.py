@@ -21,7 +21,17 @@ In order, on one running project:
    (books.account). Killed as a crash, not by `docker kill`: Docker takes that for a manual
    stop and no restart policy restarts it (ComposeProject.crash).
 
-Artifacts (status, targets, books, screenshot, the services' logs) go to runs/compose-test/.
+All of it runs twice: with docker-compose.yml as it is, and with the high-availability override
+on (docker-compose.ha.yml, and deploy/docker/compose.ha.local.yml for its local images): Redis
+a primary, a replica and three Sentinels, every service finding the primary through them, and
+three orchestrator replicas behind HAProxy, whose address is on chain and in front of the test.
+There the kills are the ones HA is for: the Redis primary's machine lost (it hangs until the
+Sentinels have promoted the replica, then is SIGKILLed and restarted by its policy, and comes
+back as the new primary's replica) and one orchestrator replica crashed; the books must balance
+the same way, read from whichever node the Sentinels name the primary.
+
+Artifacts (status, targets, books, screenshot, the services' logs) go to runs/compose-test/, and
+the HA run's (with ha.json: the failover's timings) to runs/compose-test-ha/.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -49,14 +60,29 @@ from prime_swarm.libs.localnet.ports import free_port
 pytestmark = pytest.mark.compose
 
 REPO = Path(__file__).resolve().parents[2]
-ARTIFACTS = REPO / "runs" / "compose-test"
 FILES = ("docker-compose.yml", "docker-compose.monitoring.yml", "deploy/docker/compose.local.yml")
+# The HA override after the base file, its local images after compose.local.yml's.
+HA_FILES = (
+    "docker-compose.yml",
+    "docker-compose.ha.yml",
+    "docker-compose.monitoring.yml",
+    "deploy/docker/compose.local.yml",
+    "deploy/docker/compose.ha.local.yml",
+)
+ARTIFACTS = {"base": REPO / "runs" / "compose-test", "ha": REPO / "runs" / "compose-test-ha"}
 GRAFANA_IMAGE = "grafana/grafana:11.2.0"
 WORKERS = 4
 VERSIONS = 3
 # Parts killed during the run (compose services); each once, in a seeded random order.
 KILLED = ("worker", "validator", "orchestrator", "trainer", "redis")
 KILL_SEED = 27
+# With the HA override: the Redis primary (whichever node the Sentinels name) and one of the
+# orchestrator replicas, each once, in a seeded random order.
+HA_KILLED = ("redis-primary", "orchestrator-replica")
+ORCHESTRATORS = ("orchestrator", "orchestrator-2", "orchestrator-3")
+SENTINELS = ("sentinel-1", "sentinel-2", "sentinel-3")
+# libs/localnet/redis_ha.py's, which docker-compose.ha.yml gives its Sentinels.
+SENTINEL_SERVICE, SENTINEL_QUORUM = "prime", 2
 # Scrape jobs of deploy/prometheus/prometheus.yml and their targets with four workers.
 TARGETS = {
     "orchestrator": 1, "origin": 1, "relay": 2, "trainer": 1, "validator": 1,
@@ -67,12 +93,22 @@ TARGETS = {
 class Swarm:
     """The running project and where the test reaches it."""
 
-    def __init__(self, project: ComposeProject, ports: dict[str, int], secrets: Path) -> None:
-        self.project, self.ports, self.secrets = project, ports, secrets
-        self.orchestrator = f"http://127.0.0.1:{ports['orchestrator']}"
+    def __init__(
+        self, project: ComposeProject, ports: dict[str, int], secrets: Path, variant: str
+    ) -> None:
+        self.project, self.ports, self.secrets, self.variant = project, ports, secrets, variant
+        self.ha = variant == "ha"
+        self.artifacts = ARTIFACTS[variant]
+        # With HA, the pool's address: the balancer in front of the replicas.
+        front = "orchestrator_lb" if self.ha else "orchestrator"
+        self.orchestrator = f"http://127.0.0.1:{ports[front]}"
         self.prometheus = f"http://127.0.0.1:{ports['prometheus']}"
         self.grafana = f"http://127.0.0.1:{ports['grafana']}"
         self.kills: list[dict[str, object]] = []
+
+    def save(self, name: str, data: object) -> None:
+        self.artifacts.mkdir(parents=True, exist_ok=True)
+        (self.artifacts / name).write_text(json.dumps(data, indent=1) + "\n")
 
     def status(self) -> dict:
         reply = httpx.get(f"{self.orchestrator}/v1/status", timeout=10)
@@ -89,21 +125,73 @@ class Swarm:
             timeout_s,
         )
 
+    # ---------------------------------------------------------------- HA: who is the primary
+    def _sentinels(self) -> list[redis.Redis]:
+        return [
+            redis.Redis(
+                host=self.project.ip(self.project.containers(name)[0], "backend"),
+                port=26379,
+                socket_timeout=2,
+                socket_connect_timeout=1,
+            )
+            for name in SENTINELS
+        ]
 
-def save(name: str, data: object) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    (ARTIFACTS / name).write_text(json.dumps(data, indent=1) + "\n")
+    def redis_primary(self) -> str | None:
+        """The service the Sentinels name the primary (by its DNS name: they announce names), if
+        a quorum of them agrees; as every service finds it."""
+        votes: Counter[str] = Counter()
+        for sentinel in self._sentinels():
+            try:
+                host, _ = sentinel.sentinel_get_master_addr_by_name(SENTINEL_SERVICE)
+                votes[host] += 1
+            except (redis.RedisError, TypeError):
+                continue
+            finally:
+                sentinel.close()
+        best = votes.most_common(1)
+        return best[0][0] if best and best[0][1] >= SENTINEL_QUORUM else None
+
+    def replica_in_sync(self, node: str) -> bool | None:
+        """Whether a quorum of the Sentinels sees `node` as a replica whose link to the primary
+        is up; None if not (yet)."""
+        agree = 0
+        for sentinel in self._sentinels():
+            try:
+                replicas = sentinel.sentinel_slaves(SENTINEL_SERVICE)
+            except redis.RedisError:
+                continue
+            finally:
+                sentinel.close()
+            agree += any(
+                r["ip"] == node
+                and r.get("master-link-status") == "ok"
+                and not {"s_down", "o_down", "disconnected"} & set(r["flags"])
+                for r in replicas
+            )
+        return True if agree >= SENTINEL_QUORUM else None
+
+    def redis_primary_ip(self) -> str:
+        """The backend address of the node the Sentinels name the primary: the books read it."""
+        primary = self.redis_primary() if self.ha else "redis"
+        assert primary is not None, "the Sentinels agree on no primary"
+        return self.project.ip(self.project.containers(primary)[0], "backend")
 
 
-@pytest.fixture(scope="module")
-def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
+@pytest.fixture(scope="module", params=["base", "ha"])
+def swarm(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Swarm]:
+    """One project per variant; pytest runs every test on one before it starts the other."""
+    variant: str = request.param
     if shutil.which("docker-compose") is None:
         pytest.fail("docker-compose missing: `make setup` installs Debian's docker-compose")
     if os.geteuid() != 0:
         pytest.skip("the compose test starts dockerd and chowns the secrets: run it as root")
-    if ARTIFACTS.exists():
-        shutil.rmtree(ARTIFACTS)
-    ARTIFACTS.mkdir(parents=True)
+    artifacts = ARTIFACTS[variant]
+    if artifacts.exists():
+        shutil.rmtree(artifacts)
+    artifacts.mkdir(parents=True)
     # What `make images` runs: it starts dockerd when none answers and builds every image.
     subprocess.run([sys.executable, "deploy/docker/images.py"], cwd=REPO, check=True, timeout=3600)
 
@@ -114,13 +202,17 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
         timeout=120,
         capture_output=True,
     )
-    ports = {p: free_port() for p in ("orchestrator", "relay", "relay_1", "prometheus", "grafana")}
+    ports = {
+        p: free_port()
+        for p in ("orchestrator", "orchestrator_lb", "relay", "relay_1", "prometheus", "grafana")
+    }
     env = {
         "SWARM_SECRETS_DIR": str(secrets),
         "SWARM_TAG": "local",
         # Never stop on its own: the test ends the run once it has seen what it needs.
         "SWARM_STEPS": "1000",
         "ORCHESTRATOR_PORT": f"127.0.0.1:{ports['orchestrator']}",
+        "ORCHESTRATOR_LB_PORT": f"127.0.0.1:{ports['orchestrator_lb']}",
         "RELAY_PORT": f"127.0.0.1:{ports['relay']}",
         "RELAY_1_PORT": f"127.0.0.1:{ports['relay_1']}",
         "PROMETHEUS_PORT": str(ports["prometheus"]),
@@ -128,12 +220,13 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
     }
     if has_grafana():
         env["COMPOSE_PROFILES"] = "grafana"
-    project = ComposeProject(f"swarmtest{uuid.uuid4().hex[:8]}", REPO, FILES, env)
+    files = HA_FILES if variant == "ha" else FILES
+    project = ComposeProject(f"swarmtest{uuid.uuid4().hex[:8]}", REPO, files, env)
     try:
         project.compose("up", "-d", "--no-build", "--scale", f"worker={WORKERS}", timeout=900)
-        yield Swarm(project, ports, secrets)
+        yield Swarm(project, ports, secrets, variant)
     finally:
-        (ARTIFACTS / "logs.txt").write_text(project.logs())
+        (artifacts / "logs.txt").write_text(project.logs())
         project.compose("down", "-v", "--remove-orphans", timeout=300)
 
 
@@ -154,7 +247,7 @@ def test_workers_have_rollouts_attested_and_the_trainer_publishes(swarm: Swarm) 
         return status if len(accepted) >= WORKERS else None
 
     status = wait_for("every worker's rollouts accepted", every_worker_accepted, 600, every_s=5)
-    save("status.json", status)
+    swarm.save("status.json", status)
     workers = {w["worker"] for w in status["workers"]}
     assert len(workers) == WORKERS == status["workers_registered"], "one key per replica"
     network = json.loads(swarm.project.read_file("orchestrator", "/data/chain/network.json"))
@@ -176,7 +269,7 @@ def test_prometheus_scrapes_every_service(swarm: Swarm) -> None:
         return active if dict(up) == TARGETS else None
 
     active = wait_for("every target up", all_up, 180, every_s=5)
-    save("prometheus_targets.json", active)
+    swarm.save("prometheus_targets.json", active)
     assert sum(TARGETS.values()) == len(active)
 
 
@@ -213,31 +306,29 @@ def test_grafana_serves_the_provisioned_dashboards(swarm: Swarm) -> None:
             page.goto(f"{swarm.grafana}{served['prime-swarm-training']['url']}?kiosk")
             page.wait_for_selector(".react-grid-layout", timeout=60_000)
             page.wait_for_timeout(5_000)  # the panels' first queries
-            page.screenshot(path=str(ARTIFACTS / "grafana.png"), full_page=True)
+            page.screenshot(path=str(swarm.artifacts / "grafana.png"), full_page=True)
         finally:
             browser.close()
-    assert (ARTIFACTS / "grafana.png").stat().st_size > 10_000
+    assert (swarm.artifacts / "grafana.png").stat().st_size > 10_000
 
 
 def test_killed_services_come_back_and_the_books_balance(swarm: Swarm) -> None:
     project = swarm.project
-    order = list(KILLED)
+    order = list(HA_KILLED if swarm.ha else KILLED)
     random.Random(KILL_SEED).shuffle(order)
-    for service in order:
-        container = project.containers(service)[0]
-        _, restarts = project.running(container)
-        before = wait_for("the status API", swarm.version, 180)
-        project.crash(container)
-        wait_for(
-            f"{service} restarted",
-            lambda c=container, n=restarts: (
-                True if (s := project.running(c))[0] and s[1] > n else None
-            ),
-            180,
-        )
-        after = swarm.wait_for_version(before + 1, timeout_s=600)
-        swarm.kills.append({"service": service, "version_at_kill": before, "went_on_to": after})
+    for part in order:
+        if part == "redis-primary":
+            lose_the_redis_primary(swarm)
+        elif part == "orchestrator-replica":
+            crash(swarm, random.Random(KILL_SEED).choice(ORCHESTRATORS))
+        else:
+            crash(swarm, part)
     swarm.wait_for_version(swarm.version() + 2, timeout_s=600)
+    if swarm.ha:
+        # Every replica back behind the balancer, and the old primary a replica in sync.
+        for name in ORCHESTRATORS:
+            container = project.containers(name)[0]
+            wait_for(f"{name} healthy", lambda c=container: project.healthy(c) or None, 120)
 
     # A clean end: workers first, then the validator (it sends its queued attestations on
     # SIGTERM), then the trainer, so nothing moves while the books are read.
@@ -246,7 +337,7 @@ def test_killed_services_come_back_and_the_books_balance(swarm: Swarm) -> None:
     network = json.loads(project.read_file("orchestrator", "/data/chain/network.json"))
     password = (swarm.secrets / "redis-auditor.password").read_text().strip()
     r = redis.Redis(
-        host=project.ip(project.containers("redis")[0], "backend"),
+        host=swarm.redis_primary_ip(),
         port=6379,
         username="auditor",
         password=password,
@@ -257,14 +348,76 @@ def test_killed_services_come_back_and_the_books_balance(swarm: Swarm) -> None:
         books = account(r, attested_units(swarm, network))
     finally:
         r.close()
-    save("books.json", {**books, "kills": swarm.kills, "kill_seed": KILL_SEED})
+    swarm.save("books.json", {**books, "kills": swarm.kills, "kill_seed": KILL_SEED})
     rollouts = books["rollouts"]
-    assert [k["service"] for k in swarm.kills] == order
+    assert [k["part"] for k in swarm.kills] == order
     assert rollouts["trained"] > 0
     assert rollouts["unaccounted"] == 0, books["unaccounted_ids"]
     assert rollouts["trained_twice"] == 0, books["trained_twice_ids"]
     assert books["trained_not_submitted"] == 0
     assert books["onchain_units"] == books["validator_units"] > 0
+    if swarm.ha:
+        # The workers reached the pool through the balancer: its address is the one on chain.
+        assert network["orchestrator_url"] == "http://orchestrator-lb:8000"
+
+
+def crash(swarm: Swarm, service: str) -> None:
+    """SIGKILL the service's (first) container; the compose restart policy brings it back, and
+    training goes on (a new version, read through the pool's front door)."""
+    project = swarm.project
+    container = project.containers(service)[0]
+    _, restarts = project.running(container)
+    before = wait_for("the status API", swarm.version, 180)
+    project.crash(container)
+    wait_for(
+        f"{service} restarted",
+        lambda c=container, n=restarts: True if (s := project.running(c))[0] and s[1] > n else None,
+        180,
+    )
+    after = swarm.wait_for_version(before + 1, timeout_s=600)
+    swarm.kills.append(
+        {"part": service, "service": service, "version_at_kill": before, "went_on_to": after}
+    )
+
+
+def lose_the_redis_primary(swarm: Swarm) -> None:
+    """The machine of the node the Sentinels name the primary hangs until they have promoted
+    the other node, then is rebooted (SIGKILL, the restart policy): it comes back as the new
+    primary's replica. Training goes on through the promoted one."""
+    project = swarm.project
+    old = swarm.redis_primary()
+    assert old in ("redis", "redis-replica"), old
+    other = "redis-replica" if old == "redis" else "redis"
+    wait_for(f"{other}, the replica of {old}, in sync", lambda: swarm.replica_in_sync(other), 120)
+    container = project.containers(old)[0]
+    _, restarts = project.running(container)
+    before = wait_for("the status API", swarm.version, 180)
+    lost = time.monotonic()
+    new = project.hang_then_crash(
+        container,
+        lambda: p if (p := swarm.redis_primary()) not in (None, old) else None,
+        timeout_s=60,
+    )
+    promoted_s = time.monotonic() - lost
+    wait_for(
+        f"{old} restarted",
+        lambda: True if (s := project.running(container))[0] and s[1] > restarts else None,
+        180,
+    )
+    after = swarm.wait_for_version(before + 1, timeout_s=600)
+    went_on_s = time.monotonic() - lost
+    wait_for(f"{old} a replica of {new}, in sync", lambda: swarm.replica_in_sync(old), 180)
+    rejoined_s = time.monotonic() - lost
+    timings = {
+        "lost": old,
+        "promoted": new,
+        "promoted_after_s": round(promoted_s, 1),
+        "next_version_after_s": round(went_on_s, 1),
+        "lost_node_in_sync_after_s": round(rejoined_s, 1),
+    }
+    swarm.save("ha.json", timings)
+    kill = {"part": "redis-primary", "service": old, "version_at_kill": before, "went_on_to": after}
+    swarm.kills.append({**kill, **timings})
 
 
 def attested_units(swarm: Swarm, network: dict) -> int:

@@ -61,6 +61,26 @@ class ComposeProject:
         on-failure), so a crash is the fault a restart policy answers."""
         os.kill(self.inspect(container)["State"]["Pid"], signal.SIGKILL)
 
+    def hang_then_crash(self, container: str, until: Callable[[], T | None], timeout_s: float) -> T:
+        """A machine that hangs, then is rebooted: frozen (`docker pause`: it answers nothing
+        and writes nothing, its peers' connections stay open) until `until()` returns something
+        (the others have taken over: what is returned), then SIGKILLed (`crash`) and thawed,
+        so the restart policy starts it again. A crash alone is back within a second, before a
+        Redis failover could begin; and a container stopped for longer loses its DNS name, which
+        an engine that forwards unknown names out of an internal network answers only after a
+        timeout (docker-compose.ha.yml's x-fast-dns)."""
+        docker("pause", container)
+        try:
+            return wait_for("the others taking over", until, timeout_s, every_s=0.2)
+        finally:
+            self.crash(container)
+            docker("unpause", container)
+
+    def healthy(self, container: str) -> bool:
+        """Running and passing its compose healthcheck."""
+        state = self.inspect(container)["State"]
+        return state["Running"] and (state.get("Health") or {}).get("Status") == "healthy"
+
     def read_file(self, service: str, path: str) -> str:
         return self.compose("exec", "-T", service, "cat", path)
 

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 from types import ModuleType
@@ -827,6 +828,8 @@ def test_ha_redis_nodes_and_sentinels_log_in_as_their_own_users(ha: dict[str, di
         assert networks_of(svc) == {"backend"}
         assert not svc.get("ports")
         assert svc["user"] == "999:999"  # the owner of its secrets (compose_secrets.REDIS_OWNER)
+        # A lost name fails within a second (x-fast-dns), not after Docker's 20 s.
+        assert svc["dns_opt"] == ["timeout:1", "attempts:1", "no-aaaa"], name
         if sentinel:
             assert set(secrets_of(svc)) == {"redis_sentinel_password"}
             assert "ckquorum" in " ".join(svc["healthcheck"]["test"])
@@ -928,6 +931,8 @@ def _ha_start(
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "REDIS_HA_PASSWORD_FILE": str(secret),
         "REDIS_HA_DIR": str(tmp_path / "conf"),
+        "REDIS_HA_STARTED": str(tmp_path / "started"),
+        "REDIS_HA_WAIT_S": "2",
     }
     out = subprocess.run(["sh", str(HA_START), kind, *args], env=env, capture_output=True,
                          text=True, timeout=30)  # fmt: skip
@@ -953,6 +958,13 @@ def test_ha_start_asks_the_sentinels_which_node_is_the_primary(tmp_path: Path) -
     assert "replicaof redis-replica 6379" in out.stdout.splitlines()
     out, _ = _ha_start(tmp_path / "d", services["redis-replica"], "node", "redis-replica")
     assert not [ln for ln in out.stdout.splitlines() if ln.startswith("replicaof")]
+    # Restarted in the same container (its mark from the first start): it waits for the
+    # Sentinels rather than take the first primary's role on its own (REDIS_HA_WAIT_S here 2 s).
+    started = time.monotonic()
+    again, _ = _ha_start(tmp_path / "d", services["redis-replica"], "node", None)
+    assert "waiting for a Sentinel" in again.stderr
+    assert time.monotonic() - started >= 2
+    assert (tmp_path / "d" / "started").exists()
 
 
 def test_ha_start_writes_a_sentinel_config_of_names(tmp_path: Path) -> None:
