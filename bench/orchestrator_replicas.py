@@ -263,6 +263,8 @@ def run_storm(args: argparse.Namespace, replicas: int, kill: bool) -> dict[str, 
                 await asyncio.sleep(max(0.0, start + args.duration / 2 - time.monotonic()))
                 victim = pool.processes[1]
                 killed.update(replica=1, at_s=round(time.monotonic() - start, 2))
+                # What the victim used dies with it: counted here, added to its successor's.
+                cpu0["orchestrator-1"] -= victim.cpu_seconds() or 0.0
                 victim.kill()
                 await asyncio.sleep(2.0)
                 await asyncio.to_thread(pool.restart, 60.0, 1)

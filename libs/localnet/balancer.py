@@ -23,7 +23,7 @@ def haproxy_config(bind: tuple[str, int], backends: Sequence[tuple[str, int]]) -
     """An HAProxy config balancing HTTP over `backends` (host, port), health-checked."""
     host, port = bind
     servers = [
-        f"    server orchestrator-{i} {h}:{p} check inter 500ms fall 2 rise 2"
+        f"    server orchestrator-{i} {h}:{p} check inter 1s fall 3 rise 2"
         for i, (h, p) in enumerate(backends)
     ]
     return "\n".join(
@@ -35,6 +35,10 @@ def haproxy_config(bind: tuple[str, int], backends: Sequence[tuple[str, int]]) -
             # A lease or a batch of submissions takes milliseconds; a slow chain lookup a few
             # seconds: 60 s is a hung replica, not a busy one.
             "    timeout connect 2s",
+            # A replica busy on a saturated machine answers /healthz late, not never: a check
+            # that gave up after the 1 s interval took replicas out under a storm of 200
+            # workers on 2 cores, and the balancer answered 503 with no replica left.
+            "    timeout check 5s",
             "    timeout client 60s",
             "    timeout server 60s",
             # A request refused at connect (the replica died since the last check) goes to
@@ -69,9 +73,8 @@ class Balancer:
         config = run_dir / "haproxy.cfg"
         config.parent.mkdir(parents=True, exist_ok=True)
         config.write_text(haproxy_config(("127.0.0.1", self.port), backends))
-        # -db: stay in the foreground, as a supervised process; -W: master-worker (a reload
-        # would not drop connections; a stop ends both).
-        self.process = ManagedProcess("haproxy", [binary, "-W", "-db", "-f", str(config)], log_dir)
+        # -db: one process in the foreground, supervised like the others (and its CPU counted).
+        self.process = ManagedProcess("haproxy", [binary, "-db", "-f", str(config)], log_dir)
         self.process.wait_until(self._answering, 15.0, "balancing")
 
     def _answering(self) -> bool:
