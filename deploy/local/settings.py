@@ -266,6 +266,9 @@ class SoakSettings(ChaosSettings):
     sample_every_s: float = Field(
         60.0, gt=0, description="Seconds between two readings of memory and open files."
     )
+    settle_s: float = Field(
+        300.0, ge=0, description="Seconds of start-up (models loading) not counted as growth."
+    )
     steps: int = Field(10**9, ge=1, description="A cap the soak never reaches: it ends on time.")
     timeout_s: float = Field(10**9, gt=0, description="Unused: the soak ends after --minutes.")
     redis_ha: bool = Field(True, description="Redis as a primary, a replica and three Sentinels.")

@@ -10,8 +10,9 @@ Every `--sample-every-s`, each process's resident memory and open files (Linux /
 Redis's memory and stream lengths are recorded. At the end the trainer stops cleanly and the
 books are closed (deploy/local/books.py: every rollout trained once, rejected or expired, the
 chain's units equal to the validators'). Growth per hour is fitted, per process, over the
-samples since it last (re)started, so a process killed on schedule is measured over its last
-life only. Writes bench/results/soak.json.
+samples since it last (re)started and after the first `--settle-s` (start-up: models load), so
+a process killed on schedule is measured over its last life only. Writes
+bench/results/soak.json.
 """
 
 from __future__ import annotations
@@ -95,12 +96,14 @@ def growth_per_hour(points: list[tuple[float, float]]) -> float | None:
     return round(3600 * sum((t - mt) * (v - mv) for t, v in points) / var, 2)
 
 
-def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per process: first and last reading, restarts, and growth over its last life."""
+def summarize(samples: list[dict[str, Any]], settle_s: float = 0.0) -> dict[str, Any]:
+    """Per process: first and last reading, restarts, and growth over its last life, all from
+    `settle_s` on (a process loading its model is not growing)."""
     out: dict[str, Any] = {}
-    names = sorted({n for s in samples for n in s["processes"]})
+    settled = [s for s in samples if s["t"] >= settle_s] or samples[-1:]
+    names = sorted({n for s in settled for n in s["processes"]})
     for name in names:
-        seen = [(s["t"], s["processes"][name]) for s in samples if name in s["processes"]]
+        seen = [(s["t"], s["processes"][name]) for s in settled if name in s["processes"]]
         last_pid = seen[-1][1]["pid"]
         life = [(t, p) for t, p in seen if p["pid"] == last_pid]
         out[name] = {
@@ -170,8 +173,9 @@ def run(s: SoakSettings) -> dict[str, Any]:
             r.close()
     finally:
         net.stop()
-    hours = samples[-1]["t"] / 3600
-    redis_first, redis_last = samples[0]["redis"], samples[-1]["redis"]
+    settled = [x for x in samples if x["t"] >= s.settle_s] or samples[-1:]
+    hours = max(1e-9, (settled[-1]["t"] - settled[0]["t"]) / 3600)
+    redis_first, redis_last = settled[0]["redis"], settled[-1]["redis"]
     result: dict[str, Any] = {
         "minutes": round(samples[-1]["t"] / 60, 1),
         "steps": len(rows),
@@ -180,7 +184,8 @@ def run(s: SoakSettings) -> dict[str, Any]:
         "kills": dict(chaos.kills),
         "failovers": chaos.failovers,
         "restarts_after_unplanned_exit": dict(chaos.unplanned),
-        "processes": summarize(samples),
+        "settle_s": s.settle_s,
+        "processes": summarize(samples, s.settle_s),
         "redis": {
             "start": redis_first,
             "end": redis_last,
