@@ -29,7 +29,9 @@ class Entry(Generic[M]):
 
 def group_backlog(groups_info: list[dict], group: str, pending: bool = True) -> int:
     """From XINFO GROUPS: entries not yet delivered to `group`, plus (`pending`) those
-    delivered and awaiting XACK."""
+    delivered and awaiting XACK. For gauges only: `lag` is a counter a failover can leave
+    wrong; what must be exact counts from the last-delivered id (services/orchestrator/
+    state.py `_RESERVE_LEASES`)."""
     for g in groups_info:
         name = g.get("name")
         if (name.decode() if isinstance(name, bytes) else name) == group:

@@ -7,9 +7,10 @@ write and why); the writes that are acknowledged outward - a submission the work
 in, a step's trained ids - are held until a replica has them (`WAIT`).
 
 With no replica connected there is nothing to wait for: the write is acknowledged as a single
-Redis would acknowledge it, and that loss needs a second failure (the primary lost before any
-replica came back). Only a replica that is connected but silent past the timeout makes the
-caller refuse: it answers "retry", and the retry is idempotent.
+Redis would acknowledge it (on the node the Sentinels call primary, not on a deposed one), and
+that loss needs a second failure (the primary lost before any replica came back). A replica
+connected but silent past the timeout, or a deposed primary, makes the caller refuse: it
+answers "retry", and the retry is idempotent.
 """
 
 from __future__ import annotations
