@@ -133,6 +133,7 @@ class Swarm:
                 port=26379,
                 socket_timeout=2,
                 socket_connect_timeout=1,
+                decode_responses=True,
             )
             for name in SENTINELS
         ]
@@ -320,9 +321,9 @@ def test_killed_services_come_back_and_the_books_balance(swarm: Swarm) -> None:
         if part == "redis-primary":
             lose_the_redis_primary(swarm)
         elif part == "orchestrator-replica":
-            crash(swarm, random.Random(KILL_SEED).choice(ORCHESTRATORS))
+            crash(swarm, random.Random(KILL_SEED).choice(ORCHESTRATORS), part)
         else:
-            crash(swarm, part)
+            crash(swarm, part, part)
     swarm.wait_for_version(swarm.version() + 2, timeout_s=600)
     if swarm.ha:
         # Every replica back behind the balancer, and the old primary a replica in sync.
@@ -361,9 +362,10 @@ def test_killed_services_come_back_and_the_books_balance(swarm: Swarm) -> None:
         assert network["orchestrator_url"] == "http://orchestrator-lb:8000"
 
 
-def crash(swarm: Swarm, service: str) -> None:
+def crash(swarm: Swarm, service: str, part: str) -> None:
     """SIGKILL the service's (first) container; the compose restart policy brings it back, and
-    training goes on (a new version, read through the pool's front door)."""
+    training goes on (a new version, read through the pool's front door). `part`: what it
+    stands for in the kill list (KILLED, HA_KILLED)."""
     project = swarm.project
     container = project.containers(service)[0]
     _, restarts = project.running(container)
@@ -376,7 +378,7 @@ def crash(swarm: Swarm, service: str) -> None:
     )
     after = swarm.wait_for_version(before + 1, timeout_s=600)
     swarm.kills.append(
-        {"part": service, "service": service, "version_at_kill": before, "went_on_to": after}
+        {"part": part, "service": service, "version_at_kill": before, "went_on_to": after}
     )
 
 
