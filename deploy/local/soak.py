@@ -106,6 +106,8 @@ def summarize(samples: list[dict[str, Any]], settle_s: float = 0.0) -> dict[str,
         seen = [(s["t"], s["processes"][name]) for s in settled if name in s["processes"]]
         last_pid = seen[-1][1]["pid"]
         life = [(t, p) for t, p in seen if p["pid"] == last_pid]
+        if life[0][0] > seen[0][0]:  # restarted during the soak: it settles again
+            life = [(t, p) for t, p in life if t >= life[0][0] + settle_s] or life[-1:]
         out[name] = {
             "start": {k: seen[0][1][k] for k in ("rss_mb", "open_files")},
             "end": {k: seen[-1][1][k] for k in ("rss_mb", "open_files")},
