@@ -75,6 +75,6 @@ def test_every_fate_is_told_apart(redis_client: redis.Redis) -> None:
 
 
 def test_kill_plan_kills_every_part_the_asked_number_of_times() -> None:
-    plan = kill_plan(random.Random(3), 3)
+    plan = kill_plan(random.Random(3), 3, PARTS)
     assert sorted(plan) == sorted(PARTS * 3)
-    assert plan != kill_plan(random.Random(4), 3)
+    assert plan != kill_plan(random.Random(4), 3, PARTS)
