@@ -168,14 +168,7 @@ def run(s: ChaosSettings) -> dict[str, object]:
         net.start()
         rows = chaos.run(s.timeout_s)
         completed = True
-        net.stop_workers()
-        net.stop_validators()  # each flushes its queued attestations first
-        assert net.redis is not None
-        r = net.redis.client()
-        try:
-            books = account(r, net.attested_units())
-        finally:
-            r.close()
+        books = net.close_books()
     finally:
         net.stop()
     result: dict[str, object] = {

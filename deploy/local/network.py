@@ -26,6 +26,7 @@ from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import StepProgress, Verdict
 from prime_swarm.services.trainer import progress
 
+from . import books
 from .placement import OnThisMachine, Placement, url
 from .pool import Pool, script, start_pool
 from .settings import LocalNetworkSettings
@@ -388,6 +389,18 @@ class LocalNetwork:
             if used is not None:
                 self._cpu[name] = round(used, 2)
         return dict(self._cpu)
+
+    def close_books(self) -> dict[str, object]:
+        """Stop the workers, orchestrators and validators (each validator flushes its queued
+        attestations), then account for every submitted rollout (books.account)."""
+        self.stop_workers()
+        self.stop_validators()
+        assert self.redis is not None
+        r = self.redis.client()
+        try:
+            return books.account(r, self.attested_units())
+        finally:
+            r.close()
 
     def stop_validators(self) -> None:
         """SIGTERM every validator and wait for each to flush its queued attestations."""

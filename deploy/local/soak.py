@@ -29,7 +29,6 @@ from prime_swarm.libs.localnet.redis_ha import RedisHA
 from prime_swarm.protocol import streams
 from prime_swarm.services.trainer import progress
 
-from .books import account
 from .chaos import ChaosRun, write_result
 from .network import LocalNetwork, new_run_dir
 from .settings import SoakSettings
@@ -165,14 +164,7 @@ def run(s: SoakSettings) -> dict[str, Any]:
         sample(time.monotonic() - started)
         net.procs["trainer"].stop(timeout_s=120)  # SIGTERM: it saves and exits between steps
         rows = progress.read(net.progress_file)
-        net.stop_workers()
-        net.stop_validators()  # each flushes its queued attestations first
-        assert net.redis is not None
-        r = net.redis.client()
-        try:
-            books = account(r, net.attested_units())
-        finally:
-            r.close()
+        books = net.close_books()
     finally:
         net.stop()
     settled = [x for x in samples if x["t"] >= s.settle_s] or samples[-1:]

@@ -12,16 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rollout_messages import answer
 
 from prime_swarm.libs.chain.anvil import Anvil
 from prime_swarm.libs.localnet.redis_server import RedisServer
 from prime_swarm.protocol.messages import (
-    CompletionSample,
     Heartbeat,
     Lease,
     LeaseRequest,
     RegisterRequest,
-    RolloutSubmission,
 )
 from prime_swarm.services.orchestrator.state import EJECTED, REISSUED
 from prime_swarm.services.worker.client import OrchestratorClient, OrchestratorError
@@ -50,21 +49,6 @@ class Contributor:
 
     def submit(self, lease: Lease) -> str:
         return self.client.submit(answer(lease)).submission_id
-
-
-def answer(lease: Lease) -> RolloutSubmission:
-    return RolloutSubmission(
-        lease_id=lease.lease_id,
-        worker=lease.worker,
-        pool_id=lease.pool_id,
-        task_id=lease.task_id,
-        policy_version=5,
-        prompt_token_ids=[1, 2, 3],
-        completions=[
-            CompletionSample(token_ids=[4, 5], finish_reason="eos", proof=b"p")
-            for _ in range(lease.group_size)
-        ],
-    )
 
 
 def test_the_in_flight_budget_is_spread_over_live_workers(

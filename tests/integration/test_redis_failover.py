@@ -21,17 +21,15 @@ from typing import Any
 import pytest
 import redis
 from cuttable_link import CuttableLink
+from rollout_messages import answer
 
 from prime_swarm.libs.chain.anvil import Anvil
 from prime_swarm.libs.localnet.redis_ha import RedisHA
 from prime_swarm.libs.streams.connection import connect
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
-    CompletionSample,
-    Lease,
     LeaseRequest,
     RegisterRequest,
-    RolloutSubmission,
     SubmittedRollout,
 )
 from prime_swarm.services.worker.client import OrchestratorClient, OrchestratorError
@@ -71,21 +69,6 @@ def submitted_ids(ha: RedisHA) -> list[str]:
         ]
     finally:
         r.close()
-
-
-def answer(lease: Lease) -> RolloutSubmission:
-    return RolloutSubmission(
-        lease_id=lease.lease_id,
-        worker=lease.worker,
-        pool_id=lease.pool_id,
-        task_id=lease.task_id,
-        policy_version=5,
-        prompt_token_ids=[1, 2, 3],
-        completions=[
-            CompletionSample(token_ids=[4, 5], finish_reason="eos", proof=b"p")
-            for _ in range(lease.group_size)
-        ],
-    )
 
 
 def test_a_client_rides_out_a_failover(ha: RedisHA) -> None:

@@ -79,3 +79,19 @@ def verified(msg: SubmittedRollout) -> VerifiedRollout:
         completions=[done],
         verdict=verdict(msg, None),
     )
+
+
+def answer(lease: Lease, policy_version: int = 5) -> RolloutSubmission:
+    """A well-formed answer to `lease` as a worker sends it (a group of fake completions)."""
+    return RolloutSubmission(
+        lease_id=lease.lease_id,
+        worker=lease.worker,
+        pool_id=lease.pool_id,
+        task_id=lease.task_id,
+        policy_version=policy_version,
+        prompt_token_ids=[1, 2, 3],
+        completions=[
+            CompletionSample(token_ids=[4, 5], finish_reason="eos", proof=b"p")
+            for _ in range(lease.group_size)
+        ],
+    )
