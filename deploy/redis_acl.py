@@ -8,12 +8,13 @@ forged `rollouts:submitted` entry once got an honest worker slashed.
                 status API the trainer's progress stream and the validator's per-worker
                 counters (read-only, those keys only)
   validator     consumes submissions (group reads and acks), writes verified and rejected
-                rollouts; owns validator:* (replay guard, chain queue, per-worker counters);
+                rollouts, trims the submissions and the rejected record (libs/streams/
+                retention.py); owns validator:* (replay guard, chain queue, per-worker counters);
                 reads announcements
-  trainer       consumes verified rollouts, announces policies, appends its progress; owns
-                trainer:*
+  trainer       consumes (and trims) verified rollouts, announces policies, appends its
+                progress; owns trainer:*
   healthcheck   PING only, for the compose healthcheck
-  auditor       the operator's books (deploy/local/books.account: every rollout's fate): reads
+  auditor       the operator's books (deploy/local/books.py: every rollout's fate): reads
                 the rollout streams and the trainer's audit hashes, changes nothing; no service
                 runs as it
   replica       a replica syncing from the primary (docker-compose.ha.yml): the replication
@@ -57,6 +58,8 @@ SCRIPTS = ("evalsha", "script|load", "script|exists")
 REPLICA_WAIT = ("wait", "echo", "info")
 # What `libs.streams.consumer.GroupReader` calls on the stream it consumes.
 GROUP_READER = ("xgroup|create", "xreadgroup", "xautoclaim", "xack", "xinfo|groups")
+# What `libs.streams.retention` calls on a stream its consumer trims (and counts).
+TRIMMER = ("xinfo|groups", "xinfo|stream", "xpending", "xtrim")
 
 
 def namespace(key_template: str) -> str:
@@ -203,8 +206,9 @@ VALIDATOR = Role(
             keys=("validator:*",),
             commands=("set", "get", "rpush", "llen", "lrange", "ltrim", "hincrby", "expire"),
         ),
-        Grant(keys=(streams.ROLLOUTS_SUBMITTED,), commands=GROUP_READER),
-        Grant(keys=(streams.ROLLOUTS_VERIFIED, streams.ROLLOUTS_REJECTED), commands=("xadd",)),
+        Grant(keys=(streams.ROLLOUTS_SUBMITTED,), commands=(*GROUP_READER, *TRIMMER)),
+        Grant(keys=(streams.ROLLOUTS_VERIFIED,), commands=("xadd",)),
+        Grant(keys=(streams.ROLLOUTS_REJECTED,), commands=("xadd", *TRIMMER)),
         # Held suspects: written by the validator that could not settle them, read by the
         # validators of the worker's device class (one consumer group per class).
         Grant(keys=(streams.ROLLOUTS_HELD,), commands=(*GROUP_READER, "xadd")),
@@ -217,11 +221,11 @@ TRAINER = Role(
     keyless=(*TRANSACTION, *REPLICA_WAIT),
     grants=(
         Grant(keys=("trainer:*",), commands=("sadd", "sismember", "hset", "hsetnx")),
-        Grant(keys=(streams.ROLLOUTS_VERIFIED,), commands=(*GROUP_READER, "xlen")),
+        Grant(keys=(streams.ROLLOUTS_VERIFIED,), commands=(*GROUP_READER, *TRIMMER)),
         # The step's acknowledgement (persist.py `_ACKNOWLEDGE`): the trained set and the
         # verified stream in one script.
         Grant(keys=("trainer:*", streams.ROLLOUTS_VERIFIED), commands=SCRIPTS),
-        Grant(keys=(streams.ROLLOUTS_REJECTED,), commands=("xlen",), read_only=True),
+        Grant(keys=(streams.ROLLOUTS_REJECTED,), commands=("xinfo|stream",), read_only=True),
         Grant(keys=(streams.POLICY_ANNOUNCEMENTS,), commands=("xadd", "xrevrange")),
         Grant(keys=(streams.TRAINER_PROGRESS,), commands=("xadd",)),
     ),
@@ -231,10 +235,12 @@ HEALTHCHECK = Role("healthcheck", grants=(), keyless=("ping",))
 
 AUDITOR = Role(
     "auditor",
+    # The books read everything in one transaction: a snapshot, not a moving picture.
+    keyless=TRANSACTION,
     grants=(
         Grant(
             keys=(streams.ROLLOUTS_SUBMITTED, streams.ROLLOUTS_VERIFIED, streams.ROLLOUTS_REJECTED),
-            commands=("xrange", "xinfo|groups", "xpending"),
+            commands=("xrange", "xinfo|groups", "xinfo|stream", "xpending"),
             read_only=True,
         ),
         Grant(keys=(TRAINED_BY_STEP, DROPPED), commands=("hgetall",), read_only=True),

@@ -31,6 +31,10 @@ POLICY_ANNOUNCEMENTS = "policy:announcements"
 TRAINER_PROGRESS = "trainer:progress"
 TRAINER_PROGRESS_MAXLEN = 1_000
 
+# How long an entry every consumer group has acknowledged stays for readers outside the groups
+# (the operator's books, dashboards) before its consumer trims it (libs/streams/retention.py).
+RETENTION_S = 600.0
+
 VALIDATOR_GROUP = "validators"
 TRAINER_GROUP = "trainer"
 

@@ -3,9 +3,9 @@
 During the run a worker, the relay, the validator, the orchestrator, the trainer and Redis (AOF
 on) are each SIGKILLed at random moments, `kills_each` times, and started again as a supervisor
 would: the same command, port, key and data directory. Once every kill is done the run trains a
-few more steps and ends. Then every submitted rollout is accounted for (books.account): trained
-once, rejected or expired with a reason, never lost or trained twice, and the chain's attested
-units equal to the validators' accepted ones.
+few more steps and ends. Then every submitted rollout is accounted for (books.py): trained once,
+rejected or expired with a reason, never lost or trained twice, and the chain's attested units
+equal to the validators' accepted ones.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from prime_swarm.libs.localnet.process import ProcessFailed
 from prime_swarm.libs.localnet.redis_ha import RedisHA
 from prime_swarm.services.trainer import progress
 
-from .books import account
 from .network import LocalNetwork, new_run_dir
 from .settings import ChaosSettings
 
@@ -94,6 +93,7 @@ class ChaosRun:
                     raise ProcessFailed(f"trainer exited with {trainer.proc.returncode}")
                 return rows  # type: ignore[return-value]
             self.supervise(started, spare=("trainer",) if done_at_step is not None else ())
+            net.read_books(every_s=30.0)
             if self.plan and now >= next_kill:
                 self.strike(self.plan.pop(), round(now - started, 1), step)
                 next_kill = time.monotonic() + self.rng.uniform(*self.gap_s)
@@ -110,7 +110,7 @@ class ChaosRun:
         assert self.net.redis is not None
         r = self.net.redis.client()
         try:
-            rollouts = account(r, 0)["rollouts"]
+            rollouts = self.net.books.account(r, 0)["rollouts"]
         finally:
             r.close()
         return {k: rollouts[k] for k in ("submitted", "trained_twice", "unaccounted")}  # type: ignore[index]

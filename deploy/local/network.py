@@ -22,8 +22,7 @@ from prime_swarm.libs.localnet.ports import free_port
 from prime_swarm.libs.localnet.process import ManagedProcess, ProcessFailed
 from prime_swarm.libs.localnet.redis_ha import RedisHA
 from prime_swarm.libs.localnet.redis_server import RedisServer
-from prime_swarm.protocol import streams
-from prime_swarm.protocol.messages import StepProgress, Verdict
+from prime_swarm.protocol.messages import StepProgress
 from prime_swarm.services.trainer import progress
 
 from . import books
@@ -61,6 +60,9 @@ class LocalNetwork:
         self.keys = run_dir / "keys"
         self.procs: dict[str, ManagedProcess] = {}
         self.redis: RedisServer | RedisHA | None = None
+        # Read as the run goes: the streams are trimmed behind their consumers.
+        self.books = books.Books()
+        self._books_read_at = 0.0
         self.anvil: Anvil | None = None
         self.topo = Topology()
         self.pool: Pool | None = None
@@ -347,6 +349,7 @@ class LocalNetwork:
                     return rows[: i + 1]
             seen = len(rows)
             self.cpu_seconds()
+            self.read_books(every_s=30.0)
             if not trainer.alive():
                 if trainer.proc.returncode != 0:
                     raise ProcessFailed(
@@ -360,22 +363,22 @@ class LocalNetwork:
                 raise TimeoutError(f"run did not finish within {timeout_s:.0f}s")
             time.sleep(0.5)
 
-    def stream_counts(self) -> dict[str, object]:
+    def read_books(self, every_s: float = 0.0) -> None:
+        """Catch the books up with the streams (at most once every `every_s`)."""
+        if time.monotonic() - self._books_read_at < every_s:
+            return
         assert self.redis is not None
         r = self.redis.client()
         try:
-            reasons: dict[str, int] = {}
-            for _, fields in r.xrange(streams.ROLLOUTS_REJECTED):
-                reason = str(streams.decode(Verdict, fields).reason)
-                reasons[reason] = reasons.get(reason, 0) + 1
-            return {
-                "submitted": int(r.xlen(streams.ROLLOUTS_SUBMITTED)),
-                "verified": int(r.xlen(streams.ROLLOUTS_VERIFIED)),
-                "rejected": int(r.xlen(streams.ROLLOUTS_REJECTED)),
-                "rejected_by_reason": reasons,
-            }
+            self.books.read(r)
         finally:
             r.close()
+        self._books_read_at = time.monotonic()
+
+    def stream_counts(self) -> dict[str, object]:
+        """Rollouts submitted, verified and rejected (with the reasons) over the whole run."""
+        self.read_books()
+        return self.books.counts()
 
     def attested_units(self) -> int:
         ledger = LedgerClient(self.topo.rpc_url, self.topo.ledger, account=None, timeout=30)
@@ -392,13 +395,13 @@ class LocalNetwork:
 
     def close_books(self) -> dict[str, object]:
         """Stop the workers, orchestrators and validators (each validator flushes its queued
-        attestations), then account for every submitted rollout (books.account)."""
+        attestations), then account for every submitted rollout (books.Books)."""
         self.stop_workers()
         self.stop_validators()
         assert self.redis is not None
         r = self.redis.client()
         try:
-            return books.account(r, self.attested_units())
+            return self.books.account(r, self.attested_units())
         finally:
             r.close()
 

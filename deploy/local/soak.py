@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from prime_swarm.libs.localnet.redis_ha import RedisHA
+from prime_swarm.libs.streams.retention import entries_added
 from prime_swarm.protocol import streams
 from prime_swarm.services.trainer import progress
 
@@ -77,6 +78,7 @@ def redis_sample(net: LocalNetwork) -> dict[str, Any]:
             "used_memory_mb": round(int(info["used_memory"]) / 2**20, 2),
             "keys": int(r.dbsize()),
             "stream_lengths": {s: int(r.xlen(s)) for s in STREAMS},
+            "entries_added": {s: entries_added(r, s) for s in STREAMS},
         }
     finally:
         r.close()
@@ -154,6 +156,7 @@ def run(s: SoakSettings) -> dict[str, Any]:
                       f"reward {rows[-1].mean_reward:.3f}")  # fmt: skip
             seen = len(rows)
             chaos.supervise(started)
+            net.read_books(every_s=30.0)
             if now >= next_sample:
                 sample(now - started)
                 next_sample = now + s.sample_every_s
@@ -170,6 +173,8 @@ def run(s: SoakSettings) -> dict[str, Any]:
     settled = [x for x in samples if x["t"] >= s.settle_s] or samples[-1:]
     hours = max(1e-9, (settled[-1]["t"] - settled[0]["t"]) / 3600)
     redis_first, redis_last = settled[0]["redis"], settled[-1]["redis"]
+    # Trimming starts once the first entries are RETENTION_S old: growth is fitted after that.
+    full = [x for x in settled if x["t"] >= s.settle_s + streams.RETENTION_S] or settled[-2:]
     result: dict[str, Any] = {
         "minutes": round(samples[-1]["t"] / 60, 1),
         "steps": len(rows),
@@ -186,6 +191,14 @@ def run(s: SoakSettings) -> dict[str, Any]:
             "used_memory_mb_per_h": round(
                 (redis_last["used_memory_mb"] - redis_first["used_memory_mb"]) / hours, 2
             ),
+            "retention_s": streams.RETENTION_S,
+            "once_retention_full": {
+                "from_min": round(full[0]["t"] / 60, 1),
+                "used_memory_mb_per_h": growth_per_hour(
+                    [(x["t"], x["redis"]["used_memory_mb"]) for x in full]
+                ),
+                "keys_per_h": growth_per_hour([(x["t"], x["redis"]["keys"]) for x in full]),
+            },
         },
         **books,
         "reward_first_last": [rows[0].mean_reward, rows[-1].mean_reward] if rows else [],

@@ -35,6 +35,7 @@ from prime_swarm.libs.shardcast.routes import manifest_path
 from prime_swarm.libs.streams.connection import connect
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
 from prime_swarm.libs.streams.replication import ReplicaWait, has_replicas
+from prime_swarm.libs.streams.retention import entries_added
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import PolicyAnnouncement, StepProgress, VerifiedRollout
 
@@ -341,8 +342,8 @@ class Trainer:
             rollout_age_s=sum(ages) / max(len(ages), 1),
             stale_dropped=int(self.counters["stale"]),
             filtered_total=int(self.counters["filtered"]),
-            accepted_total=int(self.r.xlen(streams.ROLLOUTS_VERIFIED)),
-            rejected_total=int(self.r.xlen(streams.ROLLOUTS_REJECTED)),
+            accepted_total=entries_added(self.r, streams.ROLLOUTS_VERIFIED),
+            rejected_total=entries_added(self.r, streams.ROLLOUTS_REJECTED),
             loss=float(stats["loss"]),
             clip_frac=float(stats["clip_frac"]),
             stats={k: round(float(v), 6) for k, v in stats.items()},

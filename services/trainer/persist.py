@@ -4,7 +4,8 @@ The step loop hands over a snapshot (weights and optimizer state copied at the e
 and goes on training; this one thread does, per version, in this order:
 
 1. write the checkpoint atomically (weights, optimizer, RNG, the submission ids trained);
-2. mark those ids trained and XACK their stream entries in one Redis transaction;
+2. mark those ids trained and XACK their stream entries in one Redis transaction (the
+   acknowledged entries are trimmed later, libs/streams/retention.py);
 3. publish the newest saved version to the origin and announce it.
 
 (1) before (2) is the exactly-once argument: an entry is acknowledged only after the weights
@@ -28,6 +29,7 @@ import torch
 
 from prime_swarm.libs.rl.checkpoint import TrainerState
 from prime_swarm.libs.streams.replication import Replication, ReplicaWait
+from prime_swarm.libs.streams.retention import Retention
 from prime_swarm.protocol import streams
 
 from . import metrics
@@ -78,6 +80,7 @@ class Persister:
         self.r, self._save, self._publish = r, save, publish
         self._ack_script = r.register_script(_ACKNOWLEDGE)
         self.replica_wait = replica_wait or ReplicaWait(enabled=False)
+        self.retention = Retention(r, (streams.ROLLOUTS_VERIFIED,))
         # Bounded: a trainer that outruns its disk waits here instead of piling up snapshots.
         self._q: queue.Queue[Snapshot | None] = queue.Queue(maxsize=max_pending)
         # The start version is saved and published synchronously before training begins.
@@ -118,6 +121,7 @@ class Persister:
                 t0 = time.monotonic()
                 self._save(snap)
                 self._acknowledge(snap)
+                self.retention.maybe_trim()
                 self._saved = snap.state.step
                 metrics.SAVE_SECONDS.observe(time.monotonic() - t0)
                 if self._q.empty():  # coalesce: only the newest saved version is shipped

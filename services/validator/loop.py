@@ -22,6 +22,7 @@ from prime_swarm.libs.rollout.admission import Refusal, check_admission, check_a
 from prime_swarm.libs.streams.connection import connect
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
 from prime_swarm.libs.streams.replication import ReplicaWait, has_replicas
+from prime_swarm.libs.streams.retention import Retention
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
     PolicyAnnouncement,
@@ -103,6 +104,8 @@ class Validator:
             device=settings.device,
         )
         self.counts: dict[str, int] = defaultdict(int)
+        # The submitted stream behind this group, and the rejected verdicts (a record) by age.
+        self.retention = Retention(self.r, (streams.ROLLOUTS_SUBMITTED, streams.ROLLOUTS_REJECTED))
         self.device_class = device_class(settings.device)
         # Suspects other validators held for this device class: settled here.
         self.held_reader = GroupReader(
@@ -347,6 +350,7 @@ class Validator:
             self.validate_batch(entries)
         if flush and self.queue.due():
             self.queue.flush()
+        self.retention.maybe_trim()
         metrics.QUEUE_DEPTH.set(self.reader.lag())
         metrics.CHAIN_QUEUE.set(self.queue.pending())
         return len(entries)

@@ -32,10 +32,12 @@ CODE = {
     "validator": [
         *sorted((ROOT / "services" / "validator").glob("*.py")),
         ROOT / "libs" / "streams" / "consumer.py",
+        ROOT / "libs" / "streams" / "retention.py",
     ],
     "trainer": [
         *sorted((ROOT / "services" / "trainer").glob("*.py")),
         ROOT / "libs" / "streams" / "consumer.py",
+        ROOT / "libs" / "streams" / "retention.py",
     ],
     "auditor": [ROOT / "deploy" / "local" / "books.py"],
 }
@@ -57,6 +59,7 @@ METHOD_COMMANDS = {
     "decr": {"decrby"},
     "xgroup_create": {"xgroup|create"},
     "xinfo_groups": {"xinfo|groups"},
+    "xinfo_stream": {"xinfo|stream"},
     "xpending_range": {"xpending"},
 }
 
