@@ -23,24 +23,31 @@ checks that nothing went unread: trimmed first, or taken back further than the r
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
+from prime_swarm.libs.chain.models import Work
 from prime_swarm.libs.streams.retention import format_id, parse_id
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import SubmittedRollout, Verdict, VerifiedRollout
 from prime_swarm.services.trainer.persist import DROPPED, TRAINED_BY_STEP
 
-# What the books keep of an entry: the submission id, and the units (verified) or the reason
-# (rejected).
+# What the books keep of an entry: the submission id, and the work it answers (submitted: its
+# chain item, `worker/work id`), its units (verified) or the reason (rejected).
 Record = tuple[str, int | str]
+
+
+def work_key(worker: str, work_id: int) -> str:
+    return f"{worker.lower()}/{work_id}"
 
 
 def _record(stream: str, fields: dict) -> Record:
     if stream == streams.ROLLOUTS_SUBMITTED:
-        return streams.decode(SubmittedRollout, fields).submission_id, ""
+        sub = streams.decode(SubmittedRollout, fields)
+        return sub.submission_id, work_key(sub.lease.worker, sub.lease.work_id)
     if stream == streams.ROLLOUTS_VERIFIED:
         v = streams.decode(VerifiedRollout, fields)
         return v.submission_id, v.verdict.units
@@ -215,6 +222,30 @@ class Books:
             "trained_not_submitted": len(set(trained_count) - set(outcome)),
             "onchain_units": onchain_units,
             "validator_units": sum(accepted_units.values()),
+        }
+
+    def chain_difference(self, on_chain: Iterable[Work]) -> dict[str, object]:
+        """Item by item, where the chain's credited work and the validators' accepted verdicts
+        disagree (read when their totals do): which side has what the other lacks."""
+        work_of = dict(self.streams[streams.ROLLOUTS_SUBMITTED].records.values())
+        verified: dict[str, int] = {}
+        for sid, units in self.streams[streams.ROLLOUTS_VERIFIED].records.values():
+            verified.setdefault(str(work_of.get(sid, f"unsubmitted:{sid}")), int(units))
+        chain = {work_key(w.worker, w.work_id): w.units for w in on_chain}
+        only_chain = sorted(set(chain) - set(verified))
+        only_verified = sorted(set(verified) - set(chain))
+        differ = sorted(k for k in set(chain) & set(verified) if chain[k] != verified[k])
+        return {
+            "only_on_chain": len(only_chain),
+            "only_on_chain_units": sum(chain[k] for k in only_chain),
+            "only_verified": len(only_verified),
+            "only_verified_units": sum(verified[k] for k in only_verified),
+            "units_differ": len(differ),
+            "examples": {
+                "only_on_chain": only_chain[:10],
+                "only_verified": only_verified[:10],
+                "units_differ": [(k, chain[k], verified[k]) for k in differ[:10]],
+            },
         }
 
 

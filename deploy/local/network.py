@@ -18,6 +18,7 @@ from eth_account.signers.local import LocalAccount
 from prime_swarm.libs.chain.anvil import Anvil, set_balance
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.chain.keyfile import write_key
+from prime_swarm.libs.chain.models import Work
 from prime_swarm.libs.localnet.ports import free_port
 from prime_swarm.libs.localnet.process import ManagedProcess, ProcessFailed
 from prime_swarm.libs.localnet.redis_ha import RedisHA
@@ -384,6 +385,14 @@ class LocalNetwork:
         ledger = LedgerClient(self.topo.rpc_url, self.topo.ledger, account=None, timeout=30)
         return ledger.attested_units(self.topo.pool_id)
 
+    def attested_items(self) -> list[Work]:
+        """Every item the pool's batches credited, rebuilt from the chain (slow: a few RPCs a
+        batch; for diagnosing books that do not balance)."""
+        ledger = LedgerClient(self.topo.rpc_url, self.topo.ledger, account=None, timeout=30)
+        pool = self.topo.pool_id
+        batches = range(1, ledger.batch_count(pool) + 1)
+        return [w for b in batches for w in ledger.batch_items(pool, b)]
+
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds used so far by each service process (trainer, validator, workers...);
         a process that has exited keeps its last reading (`follow` takes one every poll)."""
@@ -401,9 +410,12 @@ class LocalNetwork:
         assert self.redis is not None
         r = self.redis.client()
         try:
-            return self.books.account(r, self.attested_units())
+            closed = self.books.account(r, self.attested_units())
         finally:
             r.close()
+        if closed["onchain_units"] != closed["validator_units"]:
+            closed["chain_vs_validators"] = self.books.chain_difference(self.attested_items())
+        return closed
 
     def stop_validators(self) -> None:
         """SIGTERM every validator and wait for each to flush its queued attestations."""

@@ -10,6 +10,7 @@ import redis
 from rollout_messages import submitted, verdict, verified
 
 from prime_swarm.deploy.local.books import Books, BooksGap
+from prime_swarm.libs.chain.models import Work
 from prime_swarm.libs.streams.retention import entries_added, group_floor, trim, trim_floor
 from prime_swarm.protocol import streams
 from prime_swarm.services.trainer.persist import TRAINED_BY_STEP
@@ -112,3 +113,20 @@ def test_books_forget_an_entry_a_failover_took_back(redis_client: redis.Redis) -
     assert lost not in {e.decode() for e, _ in r.xrange(SUBMITTED)}
     books.read(r)
     assert books.counts()["submitted"] == 2
+
+
+def test_books_name_the_items_where_chain_and_validators_differ(redis_client: redis.Redis) -> None:
+    r = redis_client
+    r.xgroup_create(SUBMITTED, streams.VALIDATOR_GROUP, id="0", mkstream=True)
+    r.xgroup_create(VERIFIED, streams.TRAINER_GROUP, id="0", mkstream=True)
+    for n in range(3):
+        _settle(r, n)
+    books = Books()
+    books.account(r, onchain_units=9)
+    worker = submitted(0).lease.worker
+    on_chain = [Work(worker, 0, 3), Work(worker, 1, 4), Work(worker, 7, 3)]
+    diff = books.chain_difference(on_chain)
+    assert diff["only_on_chain"] == 1 and diff["only_on_chain_units"] == 3
+    assert diff["only_verified"] == 1 and diff["only_verified_units"] == 3
+    assert diff["units_differ"] == 1
+    assert diff["examples"]["only_on_chain"] == [f"{worker.lower()}/7"]
