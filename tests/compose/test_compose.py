@@ -18,7 +18,7 @@ In order, on one running project:
 4. a worker, the validator, the orchestrator, the trainer and Redis, each killed (SIGKILL)
    during the run, come back by the compose restart policy, the run goes on, and the books
    balance: nothing trained twice, nothing lost, the chain's units equal to the validators'
-   (books.account). Killed as a crash, not by `docker kill`: Docker takes that for a manual
+   (deploy/local/books.py). Killed as a crash, not by `docker kill`: Docker takes that for a manual
    stop and no restart policy restarts it (ComposeProject.crash).
 
 All of it runs twice: with docker-compose.yml as it is, and with the high-availability override
@@ -53,7 +53,7 @@ import pytest
 import redis
 from compose_project import ComposeProject, docker, wait_for
 
-from prime_swarm.deploy.local.books import account
+from prime_swarm.deploy.local.books import Books
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.localnet.ports import free_port
 
@@ -105,6 +105,8 @@ class Swarm:
         self.prometheus = f"http://127.0.0.1:{ports['prometheus']}"
         self.grafana = f"http://127.0.0.1:{ports['grafana']}"
         self.kills: list[dict[str, object]] = []
+        # Read as the run goes: the streams are trimmed ten minutes behind their consumers.
+        self.books, self._books_read_at = Books(), 0.0
 
     def save(self, name: str, data: object) -> None:
         self.artifacts.mkdir(parents=True, exist_ok=True)
@@ -119,11 +121,38 @@ class Swarm:
         return self.status()["policy_version"] or 0
 
     def wait_for_version(self, at_least: int, timeout_s: float) -> int:
-        return wait_for(
-            f"policy version {at_least}",
-            lambda: v if (v := self.version()) >= at_least else None,
-            timeout_s,
+        def reached() -> int | None:
+            self.read_books(every_s=30)
+            return v if (v := self.version()) >= at_least else None
+
+        return wait_for(f"policy version {at_least}", reached, timeout_s)
+
+    def auditor(self) -> redis.Redis:
+        """The primary as the read-only `auditor` user (deploy/redis_acl.py)."""
+        password = (self.secrets / "redis-auditor.password").read_text().strip()
+        return redis.Redis(
+            host=self.redis_primary_ip(),
+            port=6379,
+            username="auditor",
+            password=password,
+            socket_timeout=30,
+            socket_connect_timeout=10,
         )
+
+    def read_books(self, every_s: float = 0) -> None:
+        """Catch the books up; skipped while Redis is down or failing over (the next read
+        re-reads what it missed)."""
+        if time.monotonic() - self._books_read_at < every_s:
+            return
+        try:
+            r = self.auditor()
+            try:
+                self.books.read(r)
+                self._books_read_at = time.monotonic()
+            finally:
+                r.close()
+        except Exception:  # noqa: BLE001 - a container restarting, no primary agreed on yet;
+            pass  # what matters is the closing read, which raises
 
     # ---------------------------------------------------------------- HA: who is the primary
     def _sentinels(self) -> list[redis.Redis]:
@@ -336,17 +365,9 @@ def test_killed_services_come_back_and_the_books_balance(swarm: Swarm) -> None:
     for service in ("worker", "validator", "trainer"):
         project.compose("stop", service, timeout=180)
     network = json.loads(project.read_file("orchestrator", "/data/chain/network.json"))
-    password = (swarm.secrets / "redis-auditor.password").read_text().strip()
-    r = redis.Redis(
-        host=swarm.redis_primary_ip(),
-        port=6379,
-        username="auditor",
-        password=password,
-        socket_timeout=30,
-        socket_connect_timeout=10,
-    )
+    r = swarm.auditor()
     try:
-        books = account(r, attested_units(swarm, network))
+        books = swarm.books.account(r, attested_units(swarm, network))
     finally:
         r.close()
     swarm.save("books.json", {**books, "kills": swarm.kills, "kill_seed": KILL_SEED})
