@@ -55,7 +55,7 @@ class LocalNetwork:
         placement: Placement | None = None,
     ):
         """`placement`: where each process runs (default: all on this machine's loopback)."""
-        self.s, self.init_model_dir, self.run_dir = settings, init_model_dir, run_dir
+        self.settings, self.init_model_dir, self.run_dir = settings, init_model_dir, run_dir
         self.placement: Placement = placement or OnThisMachine()
         self.logs = run_dir / "logs"
         self.keys = run_dir / "keys"
@@ -84,9 +84,9 @@ class LocalNetwork:
     def start(self) -> Topology:
         t, place = self.topo, self.placement
         on_this_machine = isinstance(place, OnThisMachine)
-        if (self.s.redis_ha or self.s.orchestrators > 1) and not on_this_machine:
+        if (self.settings.redis_ha or self.settings.orchestrators > 1) and not on_this_machine:
             raise ValueError("--redis-ha and --orchestrators run on this machine only")
-        if self.s.redis_ha:
+        if self.settings.redis_ha:
             self.redis = RedisHA(self.run_dir / "redis", self.logs)
         else:
             self.redis = RedisServer(
@@ -109,7 +109,7 @@ class LocalNetwork:
         # Fresh keys for every role: anvil's dev keys are public, so a validator or pool owner
         # holding one could be impersonated by any process on the machine.
         owner, trainer = Account.create(), Account.create()
-        validators = [Account.create() for _ in range(self.s.validators)]
+        validators = [Account.create() for _ in range(self.settings.validators)]
         for role, account in (("owner", owner), ("trainer", trainer)):
             write_key(self.keys / f"{role}.json", account)
         for i, v in enumerate(validators):
@@ -129,24 +129,24 @@ class LocalNetwork:
             owner,
             trainer.address,
             placement=place,
-            min_stake_wei=self.s.min_stake_wei,
-            reward_per_unit_wei=self.s.reward_per_unit_wei,
-            unbonding_blocks=self.s.unbonding_blocks,
+            min_stake_wei=self.settings.min_stake_wei,
+            reward_per_unit_wei=self.settings.reward_per_unit_wei,
+            unbonding_blocks=self.settings.unbonding_blocks,
             validators=t.validators,
             fund_wei=10 * 10**18,
             relays=self.sources,
-            replicas=self.s.orchestrators,
+            replicas=self.settings.orchestrators,
             env={
                 **self.env,
                 # The local pool ejects workers that vanish (killed, crashed) after two minutes.
                 "PRIME_ORCH_OWNER_KEY_FILE": str(self.keys / "owner.json"),
                 "PRIME_ORCH_EJECT_AFTER_S": "120",
-                "PRIME_ORCH_LEASE_TTL_S": str(self.s.lease_ttl_s),
-                "PRIME_ORCH_TASK_SEED": str(self.s.task_seed),
+                "PRIME_ORCH_LEASE_TTL_S": str(self.settings.lease_ttl_s),
+                "PRIME_ORCH_TASK_SEED": str(self.settings.task_seed),
                 # Groups in flight, not counting the batch the trainer has taken: one step's
                 # worth. Measured (bench/trainer_bench.py): 1.25-1.5 steps dropped 3-4x the
                 # groups as stale for no more trained completions per second.
-                "PRIME_ORCH_MAX_IN_FLIGHT_GROUPS": str(self.s.groups_per_step),
+                "PRIME_ORCH_MAX_IN_FLIGHT_GROUPS": str(self.settings.groups_per_step),
             },
         )
         for i, proc in enumerate(self.pool.processes):
@@ -156,7 +156,7 @@ class LocalNetwork:
         t.orchestrator_url, t.ledger, t.pool_id = self.pool.url, self.pool.ledger, self.pool.pool_id
 
         # Relays keep every version whose rollouts can still be admitted, plus the one in flight.
-        keep = self.s.recipe.async_level + 2
+        keep = self.settings.recipe.async_level + 2
         for name, mode in [("origin", ["origin"])] + [
             (r, ["relay", "--parent", t.origin_url]) for r in place.relays()
         ]:
@@ -188,20 +188,22 @@ class LocalNetwork:
                 "PRIME_TRAINER_INIT_MODEL_DIR": str(self.init_model_dir),
                 "PRIME_TRAINER_CHECKPOINT_DIR": str(self.run_dir / "checkpoints"),
                 "PRIME_TRAINER_PROGRESS_FILE": str(self.progress_file),
-                "PRIME_TRAINER_MAX_STEPS": str(self.s.steps),
-                "PRIME_TRAINER_GROUPS_PER_STEP": str(self.s.groups_per_step),
-                "PRIME_TRAINER_LR": str(self.s.lr),
-                "PRIME_TRAINER_PUBLISH_PRECISION": self.s.publish_precision,
-                "PRIME_TRAINER_THREADS": str(self.s.trainer_threads),
-                "PRIME_TRAINER_SHARD_SIZE": str(self.s.shard_size),
-                "PRIME_TRAINER_SEED": str(self.s.task_seed),
-                "PRIME_TRAINER_FILTER_ZERO_VARIANCE": str(self.s.filter_zero_variance).lower(),
+                "PRIME_TRAINER_MAX_STEPS": str(self.settings.steps),
+                "PRIME_TRAINER_GROUPS_PER_STEP": str(self.settings.groups_per_step),
+                "PRIME_TRAINER_LR": str(self.settings.lr),
+                "PRIME_TRAINER_PUBLISH_PRECISION": self.settings.publish_precision,
+                "PRIME_TRAINER_THREADS": str(self.settings.trainer_threads),
+                "PRIME_TRAINER_SHARD_SIZE": str(self.settings.shard_size),
+                "PRIME_TRAINER_SEED": str(self.settings.task_seed),
+                "PRIME_TRAINER_FILTER_ZERO_VARIANCE": str(
+                    self.settings.filter_zero_variance
+                ).lower(),
                 "PRIME_TRAINER_METRICS_PORT": str(free_port()),
             },
         )
-        for i in range(self.s.validators):
+        for i in range(self.settings.validators):
             self._spawn_validator(i)
-        for _ in range(self.s.workers):
+        for _ in range(self.settings.workers):
             self.add_worker()
         return t
 
@@ -260,7 +262,7 @@ class LocalNetwork:
                 "--backend",
                 self.worker_backend(i),
             ],
-            env={"PRIME_WORKER_LEASE_BATCH": str(self.s.lease_batch), **(env or {})},
+            env={"PRIME_WORKER_LEASE_BATCH": str(self.settings.lease_batch), **(env or {})},
         )
         return account.address
 
@@ -292,7 +294,7 @@ class LocalNetwork:
             self.pool.processes[self.pool.processes.index(proc)] = self.procs[name]
 
     def orchestrator_name(self, i: int) -> str:
-        return "orchestrator" if self.s.orchestrators == 1 else f"orchestrator-{i}"
+        return "orchestrator" if self.settings.orchestrators == 1 else f"orchestrator-{i}"
 
     @property
     def orchestrators(self) -> list[str]:
@@ -308,7 +310,7 @@ class LocalNetwork:
         return json.dumps([*self.topo.relay_urls, self.topo.origin_url])
 
     def worker_backend(self, i: int) -> str:
-        return self.s.worker_backends[i % len(self.s.worker_backends)]
+        return self.settings.worker_backends[i % len(self.settings.worker_backends)]
 
     @property
     def progress_file(self) -> Path:

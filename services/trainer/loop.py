@@ -57,7 +57,7 @@ class Trainer:
     def __init__(
         self, settings: TrainerSettings, account: LocalAccount, ctx: DistContext | None = None
     ) -> None:
-        self.s, self.account = settings, account
+        self.settings, self.account = settings, account
         self.ctx = ctx or DistContext(0, 1, torch.device("cpu"))
         self.root = settings.checkpoint_dir
         self.r = connect(settings.redis_url, socket_timeout=30)
@@ -108,7 +108,7 @@ class Trainer:
                 self.r.sadd(TRAINED, *state.trained)
                 self.r.hsetnx(TRAINED_BY_STEP, str(v), ",".join(state.trained))
         if not versions:
-            model = load_pretrained(self.s.init_model_dir)
+            model = load_pretrained(self.settings.init_model_dir)
             step, state = 0, ckpt.TrainerState(step=0)
             ckpt.save_checkpoint(
                 self.root, model.module, model.tokenizer, state, publish_dtype=self._publish_dtype
@@ -118,11 +118,11 @@ class Trainer:
             model = load_pretrained(ckpt.model_dir(self.root, step))
             state = ckpt.load_state(self.root, step) or ckpt.TrainerState(step=step)
         # Followers load the same directory, then shard and step in lockstep with rank 0.
-        source = self.s.init_model_dir if not versions else ckpt.model_dir(self.root, step)
+        source = self.settings.init_model_dir if not versions else ckpt.model_dir(self.root, step)
         broadcast_batch((step, str(source), state.scheduler), self.ctx)
         shard_model(model, self.ctx)
-        opt = make_optimizer(model, lr=self.s.lr)  # after sharding: it holds the shards
-        sched = make_scheduler(opt, self.s.warmup_steps)
+        opt = make_optimizer(model, lr=self.settings.lr)  # after sharding: it holds the shards
+        sched = make_scheduler(opt, self.settings.warmup_steps)
         if self.ctx.distributed or state.optimizer:
             load_full_optimizer_state_dict(model, opt, state.optimizer, self.ctx)
         if state.scheduler:
@@ -153,7 +153,7 @@ class Trainer:
 
     @property
     def _publish_dtype(self) -> torch.dtype:
-        return PRECISIONS[self.s.publish_precision]
+        return PRECISIONS[self.settings.publish_precision]
 
     def publish(self, version: int) -> None:
         """Push saved version `version` to the origin and announce it, with deltas against the
@@ -169,13 +169,13 @@ class Trainer:
         for attempt in range(1, PUBLISH_ATTEMPTS + 1):
             try:
                 signed = publish_version(
-                    self.s.origin_url,
+                    self.settings.origin_url,
                     ckpt.published_dir(self.root, version),
                     version=version,
                     parent_version=parent,  # the version shipped before
                     account=self.account,
-                    shard_size=self.s.shard_size,
-                    timeout=self.s.http_timeout_s,
+                    shard_size=self.settings.shard_size,
+                    timeout=self.settings.http_timeout_s,
                     http=self._origin_http,
                     parent_dir=parent_dir,
                 )
@@ -196,7 +196,7 @@ class Trainer:
         )
         self._last_published = version
         metrics.POLICY_VERSION.set(version)
-        ckpt.prune(self.root, self.s.keep_checkpoints)
+        ckpt.prune(self.root, self.settings.keep_checkpoints)
 
     # ------------------------------------------------------------------ collect
     def _next_entries(self, want: int) -> list[Entry[VerifiedRollout]]:
@@ -212,9 +212,9 @@ class Trainer:
         batch: list[VerifiedRollout] = []
         ids: list[str] = []
         filtered_now = 0
-        while len(batch) < self.s.groups_per_step:
+        while len(batch) < self.settings.groups_per_step:
             self.persister.raise_if_failed()
-            entries = self._next_entries(self.s.groups_per_step - len(batch))
+            entries = self._next_entries(self.settings.groups_per_step - len(batch))
             metrics.QUEUE_LAG.set(self.reader.lag())
             for e in entries:
                 msg = e.message
@@ -225,14 +225,14 @@ class Trainer:
                     TRAINED, msg.submission_id
                 ):
                     self.reader.ack(e.entry_id)  # trained before a crash; never twice
-                elif not is_fresh(msg.policy_version, self.step, self.s.recipe.async_level):
+                elif not is_fresh(msg.policy_version, self.step, self.settings.recipe.async_level):
                     # Bounded staleness (DESIGN.md §3.4): too old to train on by now.
                     self.counters["stale"] += 1
                     metrics.STALE_DROPPED.inc()
                     self._drop(e, msg, "stale")
                 elif (
-                    self.s.filter_zero_variance
-                    and filtered_now < self.s.max_filtered_per_step
+                    self.settings.filter_zero_variance
+                    and filtered_now < self.settings.max_filtered_per_step
                     and not is_informative([c.reward for c in msg.completions])
                 ):
                     filtered_now += 1
@@ -247,7 +247,7 @@ class Trainer:
         # then decides a group again, and the copy reaches the trainer under a new entry id,
         # possibly before the trained set records the first. Remembered here for as long as a
         # copy could still be fresh enough to train; after that it is dropped as stale anyway.
-        horizon = self.step - self.s.recipe.async_level - 2
+        horizon = self.step - self.settings.recipe.async_level - 2
         self._taken = {sid: at for sid, at in self._taken.items() if at >= horizon}
         return batch, ids
 
@@ -287,7 +287,7 @@ class Trainer:
             self.ctx,
             ref_model=self.ref,
             scheduler=self.sched,
-            constant_tokens=self.s.step_tokens,
+            constant_tokens=self.settings.step_tokens,
         )
         trained_at = self.step
         self.step += 1
@@ -354,7 +354,7 @@ class Trainer:
             wall=time.time() - self.started,
         )
         self._export(row, lags, ages)
-        progress.append(self.s.progress_file, row)
+        progress.append(self.settings.progress_file, row)
         progress.publish(self.r, row)
         log.info("step", extra={"fields": row.model_dump(exclude={"stats", "lag_histogram"})})
         return row
@@ -379,7 +379,7 @@ class Trainer:
 
     def run(self) -> None:
         try:
-            while self.step < self.s.max_steps:
+            while self.step < self.settings.max_steps:
                 self.train_step()
             broadcast_batch(None, self.ctx)  # tells the followers the run is over
         finally:

@@ -65,7 +65,7 @@ def default_consumer(address: str) -> str:
 
 class Validator:
     def __init__(self, settings: ValidatorSettings, account: LocalAccount) -> None:
-        self.s, self.account = settings, account
+        self.settings, self.account = settings, account
         self.r = connect(settings.redis_url, socket_timeout=30)
         self.reader = GroupReader(
             self.r,
@@ -155,14 +155,16 @@ class Validator:
                 if held:
                     check_answers_lease(msg.submission, msg.lease)
                 else:
-                    check_admission(msg.submission, msg.lease, current, self.s.recipe.async_level)
+                    check_admission(
+                        msg.submission, msg.lease, current, self.settings.recipe.async_level
+                    )
                     if not self._first_sighting(msg):
                         raise Refusal("duplicate", "identical work was submitted before")
                 version = msg.submission.policy_version
                 try:
                     if version in unavailable:
                         raise PolicyError(f"policy v{version} unavailable earlier in this batch")
-                    policy = self.store.get(version, self.s.relays)
+                    policy = self.store.get(version, self.settings.relays)
                 except PolicyError as exc:
                     # Admission has checked the version was announced, so the trainer signed
                     # it: failing to fetch or load it is this side's fault, never the
@@ -183,8 +185,8 @@ class Validator:
             t0 = time.monotonic()
             judged = verify.verify_batch(
                 [w for _, w in works],
-                self.s.reward_tolerance,
-                self.s.recipe.length_reward,
+                self.settings.reward_tolerance,
+                self.settings.recipe.length_reward,
                 device_class=self.device_class,
             )
             metrics.PREFILL_SECONDS.observe(time.monotonic() - t0)
@@ -247,7 +249,7 @@ class Validator:
             verdict.accepted
             and not msg.audit
             and msg.submission.device_class != self.device_class
-            and _audit_draw.random() < self.s.audit_fraction
+            and _audit_draw.random() < self.settings.audit_fraction
         )
 
     def _verdict(
@@ -341,11 +343,11 @@ class Validator:
         # checked, so its first submissions do not wait for the transfer.
         announced = self.current_version()
         if announced >= 0:
-            self.store.prefetch(announced, self.s.relays)
-        held = self.held_reader.read(self.s.batch_size, block_ms=None)
+            self.store.prefetch(announced, self.settings.relays)
+        held = self.held_reader.read(self.settings.batch_size, block_ms=None)
         if held:
             self.validate_batch(held, held=True)
-        entries = self.reader.read(self.s.batch_size, block_ms=block_ms)
+        entries = self.reader.read(self.settings.batch_size, block_ms=block_ms)
         if entries:
             self.validate_batch(entries)
         if flush and self.queue.due():
@@ -359,7 +361,7 @@ class Validator:
         """Validate until `stop`; attestations go on chain from a thread of their own, since
         each transaction waits for its receipt and the verdicts the trainer waits for must
         not wait behind it. Verdicts and chain actions meet only in Redis (the queue)."""
-        log.info("validating", extra={"fields": {"pool": self.s.pool_id}})
+        log.info("validating", extra={"fields": {"pool": self.settings.pool_id}})
         stop = stop or threading.Event()
         done = threading.Event()
         flusher = threading.Thread(

@@ -52,7 +52,7 @@ class Worker:
         hardware: str = "",
         snapshot: Snapshot | None = None,
     ) -> None:
-        self.s, self.account, self.backend = settings, account, backend
+        self.settings, self.account, self.backend = settings, account, backend
         self.orchestrator_url, self.trusted_trainer = orchestrator_url, trusted_trainer
         self.hardware = hardware
         self.snapshot = snapshot or Snapshot()
@@ -76,12 +76,12 @@ class Worker:
             return None
         if self.store is None:
             self.store = PolicyStore(
-                self.s.cache_dir / self.account.address.lower(),
+                self.settings.cache_dir / self.account.address.lower(),
                 self.trusted_trainer,
-                keep=self.s.keep_versions,
-                timeout_s=self.s.http_timeout_s * 4,
-                dtype=PRECISIONS[self.s.precision],
-                device=self.s.device,
+                keep=self.settings.keep_versions,
+                timeout_s=self.settings.http_timeout_s * 4,
+                dtype=PRECISIONS[self.settings.precision],
+                device=self.settings.device,
             )
         held = self.store.latest_loaded()
         if held is not None and held.version >= info.version:
@@ -96,7 +96,7 @@ class Worker:
             unit="B",
             unit_scale=True,
             desc=f"policy v{info.version}",
-            disable=not self.s.progress,
+            disable=not self.settings.progress,
             leave=False,
         )
 
@@ -135,16 +135,16 @@ class Worker:
         client = OrchestratorClient(
             self.orchestrator_url,
             self.account,
-            self.s.http_timeout_s,
-            self.s.retry_budget,
+            self.settings.http_timeout_s,
+            self.settings.retry_budget,
             self.stop,
         )
-        outage = Outage(self.s.outage_budget_s, self.snapshot)
+        outage = Outage(self.settings.outage_budget_s, self.snapshot)
         request = RegisterRequest(
             worker=self.account.address,
-            pool_id=self.s.pool_id,
-            backend=self.s.backend,
-            device=self.s.device,
+            pool_id=self.settings.pool_id,
+            backend=self.settings.backend,
+            device=self.settings.device,
             hardware=self.hardware[:128],
         )
         while True:
@@ -172,7 +172,8 @@ class Worker:
             self.stop.set()
             if self.store is not None:
                 self.store.close()
-            hb.join(self.s.http_timeout_s)  # a heartbeat in flight ends before its client closes
+            # A heartbeat in flight ends before its client closes.
+            hb.join(self.settings.http_timeout_s)
             client.close()
             log.info(
                 "worker stopped",
@@ -187,7 +188,7 @@ class Worker:
         try:
             while not self.stop.is_set():
                 owed = self.submitted + self.refused + submitter.queued
-                if self.s.max_rollouts and owed >= self.s.max_rollouts:
+                if self.settings.max_rollouts and owed >= self.settings.max_rollouts:
                     return
                 policy = self._current_policy()
                 if policy is None:
@@ -195,14 +196,14 @@ class Worker:
                     self.stop.wait(0.5)
                     continue
                 self.snapshot.version = policy.version
-                count = self.s.lease_batch
-                if self.s.max_rollouts:
-                    count = min(count, self.s.max_rollouts - owed)
+                count = self.settings.lease_batch
+                if self.settings.max_rollouts:
+                    count = min(count, self.settings.max_rollouts - owed)
                 try:
                     reply = client.lease(
                         LeaseRequest(
                             worker=self.account.address,
-                            pool_id=self.s.pool_id,
+                            pool_id=self.settings.pool_id,
                             policy_version=policy.version,
                             count=count,
                         )
@@ -288,7 +289,7 @@ class Worker:
         reply = client.heartbeat(
             Heartbeat(
                 worker=self.account.address,
-                pool_id=self.s.pool_id,
+                pool_id=self.settings.pool_id,
                 policy_version=held.version if held else None,
             )
         )
@@ -362,7 +363,7 @@ class Submitter:
             try:
                 batch = SubmissionBatch(
                     worker=self.worker.account.address,
-                    pool_id=self.worker.s.pool_id,
+                    pool_id=self.worker.settings.pool_id,
                     submissions=[job.result() for job in jobs],
                 )
                 self.worker.record(jobs, self.client.submit_batch(batch), started)

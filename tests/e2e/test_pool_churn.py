@@ -90,7 +90,7 @@ class Churn:
             **self.net.env,
             "PRIME_WORKER_PASSPHRASE": "newcomer passphrase",
             "PRIME_WORKER_KEY_FILE": str(self.net.run_dir / "newcomer-key.json"),
-            "PRIME_WORKER_LEASE_BATCH": str(self.net.s.lease_batch),
+            "PRIME_WORKER_LEASE_BATCH": str(self.net.settings.lease_batch),
         }
         run = {"cwd": REPO, "env": env, "capture_output": True, "text": True, "timeout": 60}
         shown = subprocess.run(["bash", "-c", address_cmd], **run, check=True)  # type: ignore[call-overload]

@@ -27,7 +27,7 @@ def test_commit_counts_accepted_units_and_rejections_by_reason(
     validator.queue = SimpleNamespace(key="validator:1:chain_queue")
     validator.counts = defaultdict(int)
     validator.device_class = "cpu"  # the submissions' own class: no spot checks
-    validator.s = SimpleNamespace(audit_fraction=1.0)
+    validator.settings = SimpleNamespace(audit_fraction=1.0)
     batch = []
     reasons = (None, None, "bad_proof", "stale_policy", "bad_proof", "held_for_recheck")
     for n, reason in enumerate(reasons):
@@ -89,7 +89,7 @@ def test_a_policy_the_validator_cannot_fetch_defers_the_submission_instead_of_ju
         redis_client.xadd(streams.ROLLOUTS_SUBMITTED, streams.encode(msg))
     validator = Validator.__new__(Validator)
     validator.r = redis_client
-    validator.s = SimpleNamespace(recipe=SimpleNamespace(async_level=1), relays=["http://x"])
+    validator.settings = SimpleNamespace(recipe=SimpleNamespace(async_level=1), relays=["http://x"])
     validator.reader = GroupReader(
         redis_client, streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, "v", SubmittedRollout
     )

@@ -86,7 +86,7 @@ def validator(
     """The validator's loop with everything but its chain client and policy downloads."""
     v = Validator.__new__(Validator)
     v.r = r
-    v.s = SimpleNamespace(
+    v.settings = SimpleNamespace(
         recipe=SimpleNamespace(async_level=2, length_reward=LengthReward()),
         relays=["http://relay"],
         reward_tolerance=1e-6,
