@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from prime_swarm.libs.guard.ratelimit import RATE_KEY
 from prime_swarm.protocol import streams, worker_stats
 from prime_swarm.protocol.auth import NONCE_KEY
+from prime_swarm.protocol.trainer_records import DROPPED, TRAINED_BY_STEP
 from prime_swarm.services.orchestrator import state as orch_state
-from prime_swarm.services.trainer.persist import DROPPED, TRAINED_BY_STEP
 
 # What redis-py's `pipeline(transaction=True)` sends around the queued commands; it checks no key.
 TRANSACTION = ("multi", "exec")

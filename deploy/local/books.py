@@ -33,7 +33,7 @@ from prime_swarm.libs.chain.models import Work
 from prime_swarm.libs.streams.retention import format_id, parse_id
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import SubmittedRollout, Verdict, VerifiedRollout
-from prime_swarm.services.trainer.persist import DROPPED, TRAINED_BY_STEP
+from prime_swarm.protocol.trainer_records import DROPPED, TRAINED_BY_STEP
 
 # What the books keep of an entry: the submission id, and the work it answers (submitted: its
 # chain item, `worker/work id`), its units (verified) or the reason (rejected).

@@ -38,15 +38,16 @@ from prime_swarm.libs.streams.replication import ReplicaWait, has_replicas
 from prime_swarm.libs.streams.retention import entries_added
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import PolicyAnnouncement, StepProgress, VerifiedRollout
+from prime_swarm.protocol.trainer_records import DROPPED, TRAINED, TRAINED_BY_STEP
 
 from . import metrics, progress
-from .persist import DROPPED, TRAINED, TRAINED_BY_STEP, Persister, Snapshot
+from .persist import Persister, Snapshot
 from .settings import TrainerSettings
 
 log = logging.getLogger("trainer")
 
 PUBLISH_ATTEMPTS = 4  # 2 + 4 + 8 s of pauses: longer than any reconnect, short of a step
-__all__ = ["TRAINED", "Trainer"]
+__all__ = ["Trainer"]
 
 
 class Trainer:

@@ -31,16 +31,11 @@ from prime_swarm.libs.rl.checkpoint import TrainerState
 from prime_swarm.libs.streams.replication import Replication, ReplicaWait
 from prime_swarm.libs.streams.retention import Retention
 from prime_swarm.protocol import streams
+from prime_swarm.protocol.trainer_records import TRAINED, TRAINED_BY_STEP
 
 from . import metrics
 
 log = logging.getLogger("trainer")
-TRAINED = "trainer:trained_submissions"
-# Audit trail, read by `prime-swarm chaos`: each saved step's trained ids (written once per
-# step, also when a restart re-adds a saved step's ids), and every id dropped untrained, with
-# why. A submission in two steps' lists was trained twice.
-TRAINED_BY_STEP = "trainer:trained_by_step"
-DROPPED = "trainer:dropped_submissions"
 # The trained ids of a step and the acknowledgement of its entries, in one atomic write (the
 # script and the WAIT after it go on one connection: WAIT covers that connection's writes).
 #   KEYS: trained set, trained-by-step hash, verified stream

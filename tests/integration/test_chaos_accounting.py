@@ -12,7 +12,7 @@ from rollout_messages import submitted, verdict, verified
 from prime_swarm.deploy.local.books import account
 from prime_swarm.deploy.local.chaos import PARTS, kill_plan
 from prime_swarm.protocol import streams
-from prime_swarm.services.trainer.persist import DROPPED, TRAINED_BY_STEP
+from prime_swarm.protocol.trainer_records import DROPPED, TRAINED_BY_STEP
 
 
 def _consume(r: redis.Redis, stream: str, group: str, ack: set[str]) -> None:

@@ -13,7 +13,7 @@ from prime_swarm.deploy.local.books import Books, BooksGap
 from prime_swarm.libs.chain.models import Work
 from prime_swarm.libs.streams.retention import entries_added, group_floor, trim, trim_floor
 from prime_swarm.protocol import streams
-from prime_swarm.services.trainer.persist import TRAINED_BY_STEP
+from prime_swarm.protocol.trainer_records import TRAINED_BY_STEP
 
 SUBMITTED, VERIFIED = streams.ROLLOUTS_SUBMITTED, streams.ROLLOUTS_VERIFIED
 OLD_MS = int((time.time() - 2 * streams.RETENTION_S) * 1000)  # past the grace

@@ -32,8 +32,9 @@ from prime_swarm.protocol.messages import (
     VerifiedCompletion,
     VerifiedRollout,
 )
+from prime_swarm.protocol.trainer_records import TRAINED
 from prime_swarm.services.trainer import progress
-from prime_swarm.services.trainer.loop import TRAINED, Trainer
+from prime_swarm.services.trainer.loop import Trainer
 from prime_swarm.services.trainer.persist import Snapshot
 from prime_swarm.services.trainer.settings import TrainerSettings
 

@@ -36,6 +36,7 @@ CODE = {
     ],
     "trainer": [
         *sorted((ROOT / "services" / "trainer").glob("*.py")),
+        ROOT / "protocol" / "trainer_records.py",
         ROOT / "libs" / "streams" / "consumer.py",
         ROOT / "libs" / "streams" / "retention.py",
     ],
