@@ -383,15 +383,17 @@ class LocalNetwork:
         self.read_books()
         return self.books.counts()
 
+    def _ledger(self) -> LedgerClient:
+        """The pool's ledger, read only."""
+        return LedgerClient(self.topo.rpc_url, self.topo.ledger, account=None, timeout=30)
+
     def attested_units(self) -> int:
-        ledger = LedgerClient(self.topo.rpc_url, self.topo.ledger, account=None, timeout=30)
-        return ledger.attested_units(self.topo.pool_id)
+        return self._ledger().attested_units(self.topo.pool_id)
 
     def attested_items(self) -> list[Work]:
         """Every item the pool's batches credited, rebuilt from the chain (slow: a few RPCs a
         batch; for diagnosing books that do not balance)."""
-        ledger = LedgerClient(self.topo.rpc_url, self.topo.ledger, account=None, timeout=30)
-        pool = self.topo.pool_id
+        ledger, pool = self._ledger(), self.topo.pool_id
         batches = range(1, ledger.batch_count(pool) + 1)
         return [w for b in batches for w in ledger.batch_items(pool, b)]
 

@@ -90,7 +90,6 @@ class Retention:
     ) -> None:
         self.r, self.names, self.keep_s, self.every_s = r, tuple(names), keep_s, every_s
         self._next = 0.0
-        self.trimmed = 0
 
     def maybe_trim(self) -> int:
         now = time.monotonic()
@@ -98,9 +97,7 @@ class Retention:
             return 0
         self._next = now + self.every_s
         try:
-            gone = sum(trim(self.r, name, self.keep_s) for name in self.names)
+            return sum(trim(self.r, name, self.keep_s) for name in self.names)
         except redis.RedisError as exc:  # a failover under way: the next call tries again
             log.warning("trimming %s failed: %s", ",".join(self.names), exc)
             return 0
-        self.trimmed += gone
-        return gone

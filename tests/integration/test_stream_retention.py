@@ -94,7 +94,7 @@ def test_books_read_as_the_run_goes_balance_after_trimming(redis_client: redis.R
     }  # fmt: skip
     assert closed["validator_units"] == 15 and closed["trained_not_submitted"] == 0
     # Books that first look after the trim cannot balance, and say so rather than miscount.
-    with pytest.raises(BooksGap, match="3 entries|5 entries added, 2 read"):
+    with pytest.raises(BooksGap, match="5 entries added, 2 read"):
         late.account(r, onchain_units=15)
 
 
