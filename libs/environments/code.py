@@ -1,7 +1,7 @@
 """Tiny function-writing problems: `# f(x)=x+3` -> `def f(x):return x+3`.
 
 The reward is the fraction of hidden tests the completion's `f` passes, run in the sandbox of
-libs/environments/sandbox.py; anything that fails to load, times out or tries to escape scores 0. A
+libs/environments/sandbox/; anything that fails to load, times out or tries to escape scores 0. A
 2-layer model will not learn this; the env exists so that the RL stack has a code-execution
 reward behind the same interface as the others.
 """

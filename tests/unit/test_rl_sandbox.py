@@ -1,10 +1,10 @@
 import os
 import socket
+import tempfile
 import textwrap
 
 import pytest
 
-from prime_swarm.libs.environments import sandbox
 from prime_swarm.libs.environments.sandbox import Case, Limits, run_tests
 
 # One CPU second keeps the suite fast and is still ~50x what a correct solution needs; the wall
@@ -200,13 +200,13 @@ def test_output_flood_is_capped(stream):
 
 def test_temp_dir_is_removed(monkeypatch):
     made = []
-    real_mkdtemp = sandbox.tempfile.mkdtemp
+    real_mkdtemp = tempfile.mkdtemp
 
     def recording_mkdtemp(*args, **kwargs):
         made.append(real_mkdtemp(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(sandbox.tempfile, "mkdtemp", recording_mkdtemp)
+    monkeypatch.setattr(tempfile, "mkdtemp", recording_mkdtemp)
     r = _run("import os\nos.mkdir('d')\nopen('d/f', 'w').write('x')\ndef f(x):\n    return x + 1\n")
     assert r.passed
     r = _run("def f(x):\n    while True:\n        pass\n")  # killed, not exited

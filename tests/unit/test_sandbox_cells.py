@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import textwrap
 
 import pytest
 
-from prime_swarm.libs.environments import sandbox
 from prime_swarm.libs.environments.sandbox import TRUNCATED, Limits, run_cells
 
 # As in test_rl_sandbox: one CPU second ends a spinning cell quickly; the wall clock is generous
@@ -232,13 +232,13 @@ def test_no_writes_outside_its_dir(tmp_path, cell):
 
 def test_temp_dir_is_removed(monkeypatch):
     made = []
-    real_mkdtemp = sandbox.tempfile.mkdtemp
+    real_mkdtemp = tempfile.mkdtemp
 
     def recording_mkdtemp(*args, **kwargs):
         made.append(real_mkdtemp(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(sandbox.tempfile, "mkdtemp", recording_mkdtemp)
+    monkeypatch.setattr(tempfile, "mkdtemp", recording_mkdtemp)
     assert _cells("import os\nos.mkdir('d')\nopen('d/f', 'w').write('x')").reason == "ok"
     assert _cells("while True:\n    pass").reason == "timeout"  # killed, not exited
     assert len(made) == 2 and not any(os.path.exists(d) for d in made)
