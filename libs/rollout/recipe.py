@@ -13,7 +13,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prime_swarm.libs.environments import Env, env_factory, load_env
-from prime_swarm.libs.rl.reward import LengthReward
+from prime_swarm.libs.environments.reward import LengthReward
 from prime_swarm.protocol.messages import EnvArgs
 
 

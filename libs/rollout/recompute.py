@@ -30,7 +30,7 @@ import torch
 from transformers import DynamicCache
 
 from prime_swarm.libs.model.causal_lm import CausalLM
-from prime_swarm.libs.rl.forward import completion_hidden_shared, distinct_prompts
+from prime_swarm.libs.model.forward import completion_hidden_shared, distinct_prompts
 
 PromptCompletion = tuple[Sequence[int], Sequence[int]]
 

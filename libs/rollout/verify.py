@@ -20,12 +20,12 @@ from typing import Literal
 import torch
 
 from prime_swarm.libs.environments import load_env
+from prime_swarm.libs.environments.reward import LengthReward, RewardParts, score
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.logprobs import token_logprobs
 from prime_swarm.libs.model.noise import gumbel_rows, perturbed_scores
 from prime_swarm.libs.model.tokenizer import decode, prompt_ids
 from prime_swarm.libs.policy.store import LoadedPolicy
-from prime_swarm.libs.rl.reward import LengthReward, RewardParts, score
 from prime_swarm.libs.toploc import (
     ProofContext,
     VerifyResult,

@@ -11,8 +11,8 @@ from enum import IntEnum
 from redis.asyncio import Redis
 
 from prime_swarm.libs.environments.base import hash_int
-from prime_swarm.libs.rl.filtering import load_task_list
-from prime_swarm.libs.rl.reward import budget_for, with_budget
+from prime_swarm.libs.environments.reward import budget_for, with_budget
+from prime_swarm.libs.environments.task_lists import load_task_list
 from prime_swarm.libs.rollout.admission import oldest_admitted
 from prime_swarm.libs.streams.replication import Replication, ReplicaWait
 from prime_swarm.protocol import streams

@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_map_only
 
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.forward import forward_completions, pack_rows
 from prime_swarm.libs.model.logprobs import token_logprobs
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.rl.distributed import (
@@ -30,7 +31,6 @@ from prime_swarm.libs.rl.distributed import (
     rank_share,
     shard_model,
 )
-from prime_swarm.libs.rl.forward import forward_completions, pack_rows
 from prime_swarm.libs.rl.grpo import (
     GRPOConfig,
     Item,

@@ -7,8 +7,8 @@ import torch
 
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.forward import completion_hidden
 from prime_swarm.libs.model.tokenizer import build_tokenizer
-from prime_swarm.libs.rl.forward import completion_hidden
 from prime_swarm.libs.rollout import recompute as rc
 
 pytestmark = pytest.mark.usefixtures("inference")

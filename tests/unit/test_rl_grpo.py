@@ -9,9 +9,9 @@ import torch
 
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.forward import forward_completions
 from prime_swarm.libs.model.logprobs import token_logprobs
 from prime_swarm.libs.model.tokenizer import build_tokenizer, prompt_ids
-from prime_swarm.libs.rl.forward import forward_completions
 from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, make_optimizer
 from prime_swarm.libs.rl.loss import LossConfig
 from prime_swarm.libs.rl.step import train_step

@@ -11,15 +11,15 @@ import torch
 
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
-from prime_swarm.libs.model.logprobs import token_logprobs
-from prime_swarm.libs.model.tokenizer import build_tokenizer
-from prime_swarm.libs.rl.forward import (
+from prime_swarm.libs.model.forward import (
     distinct_prompts,
     forward_completions,
     forward_completions_packed,
     forward_completions_shared,
     pack_rows,
 )
+from prime_swarm.libs.model.logprobs import token_logprobs
+from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.rl.grpo import (
     GRPOConfig,
     Item,

@@ -15,12 +15,12 @@ import redis
 import torch
 
 from prime_swarm.libs.environments import load_env
+from prime_swarm.libs.environments.reward import LengthReward
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.policy.store import LoadedPolicy
-from prime_swarm.libs.rl.reward import LengthReward
 from prime_swarm.libs.rollout import calibration
 from prime_swarm.libs.rollout.answer import answer_lease
 from prime_swarm.libs.rollout.calibration import Band

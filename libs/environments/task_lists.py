@@ -5,6 +5,9 @@ group, so it spends generation and verification for no gradient. Scoring each ta
 once, before training, and leasing only those inside a band (default [0.1, 0.8]) keeps the pool's
 work where the policy can still learn. `prime-swarm filter-tasks` writes the task list; the
 orchestrator's `task_file` setting leases from it.
+
+This module is the band and the file, torch-free, because the orchestrator reads the list; the
+pass rates come from playing the tasks under a policy (`libs/rollout/evaluate.pass_rates`).
 """
 
 from __future__ import annotations
@@ -12,65 +15,15 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from prime_swarm.libs.environments import Env
-from prime_swarm.libs.environments.base import hash_int
-
-if TYPE_CHECKING:
-    # Only pass_rates needs torch; the orchestrator and the CLI import this module without it.
-    from prime_swarm.libs.model.backend import GenerationBackend
-    from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.environments.base import Env
 
 DEFAULT_BAND: tuple[float, float] = (0.1, 0.8)
 # The orchestrator reads the list at start-up; a bigger file is a mistake, not a task list
 # (a million task ids is about 60 MiB).
 MAX_TASK_FILE_BYTES = 64 * 1024 * 1024
-
-
-def pass_rates(
-    lm: CausalLM,
-    env: Env,
-    task_ids: Sequence[str],
-    *,
-    samples: int,
-    temperature: float,
-    max_new_tokens: int,
-    seed: int,
-    backend: GenerationBackend | None = None,
-    batch_prompts: int = 64,
-    pass_threshold: float = 1.0,
-) -> dict[str, float]:
-    """Fraction of `samples` sampled completions per task whose reward reaches `pass_threshold`."""
-    if samples < 1:
-        raise ValueError("samples must be at least 1")
-    if batch_prompts < 1:
-        raise ValueError("batch_prompts must be at least 1")
-    from prime_swarm.libs.model.backend import make_backend
-    from prime_swarm.libs.rollout.episode import play_tasks
-
-    backend = backend or make_backend("hf", precision="fp32")
-    tasks = [env.task_from_id(t) for t in dict.fromkeys(task_ids)]  # dedupe, keep order
-    rates: dict[str, float] = {}
-    for start in range(0, len(tasks), batch_prompts):
-        batch = tasks[start : start + batch_prompts]
-        groups = play_tasks(
-            backend,
-            lm,
-            env,
-            batch,
-            # Seeded by task id, not batch position, so a task's rate does not depend on which
-            # other tasks were scored alongside it or on batch_prompts.
-            [hash_int("filter", seed, t.task_id, nbytes=7) for t in batch],
-            group_size=samples,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-        )
-        for task, scores in zip(batch, groups, strict=True):
-            rates[task.task_id] = sum(r >= pass_threshold for r in scores) / samples
-    return rates
 
 
 def keep_band(rates: dict[str, float], lo: float, hi: float) -> list[str]:
@@ -175,6 +128,5 @@ __all__ = [
     "histogram",
     "keep_band",
     "load_task_list",
-    "pass_rates",
     "save_task_list",
 ]

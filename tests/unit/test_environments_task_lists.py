@@ -1,4 +1,5 @@
-"""The offline filter: pass rates under a policy, the band kept, and the task list file."""
+"""The offline filter: pass rates under a policy (libs/rollout/evaluate.py), the band kept and
+the task list file (libs/environments/task_lists.py), and `prime-swarm filter-tasks`."""
 
 from __future__ import annotations
 
@@ -10,18 +11,18 @@ import pytest
 
 from prime_swarm.deploy.local.cli import main
 from prime_swarm.libs.environments import load_env
-from prime_swarm.libs.model.backend import Generation
-from prime_swarm.libs.model.build import build_tiny_model
-from prime_swarm.libs.model.causal_lm import CausalLM
-from prime_swarm.libs.model.io import load_pretrained
-from prime_swarm.libs.rl.filtering import (
+from prime_swarm.libs.environments.task_lists import (
     MAX_TASK_FILE_BYTES,
     histogram,
     keep_band,
     load_task_list,
-    pass_rates,
     save_task_list,
 )
+from prime_swarm.libs.model.backend import Generation
+from prime_swarm.libs.model.build import build_tiny_model
+from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.io import load_pretrained
+from prime_swarm.libs.rollout.evaluate import pass_rates
 
 ENV = load_env("reverse")
 TASK_IDS = [t.task_id for t in ENV.sample_tasks(7, 4, "train")]

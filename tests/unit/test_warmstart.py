@@ -1,5 +1,5 @@
-"""Warm start: a short SFT run written as a Hugging Face model directory, cached by its
-parameters, and the held-out evaluation of such a policy."""
+"""Warm start (libs/warmstart): a short SFT run written as a Hugging Face model directory,
+cached by its parameters, and the held-out evaluation of such a policy."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pydantic import ValidationError
 from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.model.build import build_tiny_model
 from prime_swarm.libs.model.io import load_pretrained, weights_sha256
-from prime_swarm.libs.rl.evaluate import heldout_reward
-from prime_swarm.libs.rl.sft import MARKER_FILE, warm_start
+from prime_swarm.libs.rollout.evaluate import heldout_reward
+from prime_swarm.libs.warmstart import MARKER_FILE, warm_start
 
 
 def test_warm_start_writes_hf_dir_reports_progress_and_is_cached(tmp_path: Path) -> None:
