@@ -181,15 +181,17 @@ class RegisterReply(Versioned):
 
 
 class Heartbeat(Versioned):
+    # Unknown fields are dropped, not refused: workers from before the heartbeat lost its unread
+    # `policy_version` and `rollouts_in_flight` still send them, and refusing those would answer
+    # every heartbeat of an older worker with a 422. BodyGuard still caps size and nesting.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
     worker: Address
     pool_id: int = Field(ge=1)
-    policy_version: int | None = Field(description="Version the worker holds, None before any.")
-    rollouts_in_flight: int = Field(default=0, ge=0)
 
 
 class HeartbeatReply(Versioned):
     policy: PolicyInfo | None
-    trainer_step: int
 
 
 class SamplingParams(Message):
@@ -384,7 +386,6 @@ class RolloutSubmission(Versioned):
 
 class SubmitReply(Versioned):
     submission_id: str
-    accepted_for_validation: bool = True
 
 
 class SubmissionBatch(Versioned):

@@ -114,7 +114,7 @@ async def heartbeat(body: Heartbeat, signer: Signer, pool: PoolDep) -> Heartbeat
     ann = await pool.policy.latest()
     if ann is not None:
         metrics.POLICY_VERSION.set(ann.version)
-    return HeartbeatReply(policy=await pool.policy.info(), trainer_step=ann.step if ann else 0)
+    return HeartbeatReply(policy=await pool.policy.info())
 
 
 @router.post("/lease", response_model=LeaseReply)

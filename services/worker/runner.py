@@ -285,13 +285,8 @@ class Worker:
 
     def _refresh_policy_info(self, client: OrchestratorClient) -> None:
         """Heartbeat, and adopt the policy the orchestrator announces."""
-        held = self.store.latest_loaded() if self.store else None
         reply = client.heartbeat(
-            Heartbeat(
-                worker=self.account.address,
-                pool_id=self.settings.pool_id,
-                policy_version=held.version if held else None,
-            )
+            Heartbeat(worker=self.account.address, pool_id=self.settings.pool_id)
         )
         if reply.policy is not None:
             self.policy_info = reply.policy

@@ -64,7 +64,7 @@ def pool(
 
 
 def heartbeat(pool: Any, worker: str) -> Heartbeat:
-    return Heartbeat(worker=worker, pool_id=pool.pool_id, policy_version=None)
+    return Heartbeat(worker=worker, pool_id=pool.pool_id)
 
 
 def alive(pool: Any) -> bool:

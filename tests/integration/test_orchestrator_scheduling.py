@@ -44,7 +44,7 @@ class Contributor:
         return self.client.lease(req).leases
 
     def heartbeat(self) -> None:
-        hb = Heartbeat(worker=self.address, pool_id=self.live.pool_id, policy_version=5)
+        hb = Heartbeat(worker=self.address, pool_id=self.live.pool_id)
         self.client.heartbeat(hb)
 
     def submit(self, lease: Lease) -> str:

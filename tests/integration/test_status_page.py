@@ -107,7 +107,7 @@ def feed(live: Any) -> str:
     other = {"worker": other_account.address, "pool_id": live.pool_id}
     idle.register(RegisterRequest(**other))
     idle.lease(LeaseRequest(**other, policy_version=5, count=1))
-    idle.heartbeat(Heartbeat(**other, policy_version=5))
+    idle.heartbeat(Heartbeat(**other))
 
     # The validator's verdicts on the two queued submissions: one accepted, one not, counted
     # by its own function in one transaction, as services/validator/loop.py does.

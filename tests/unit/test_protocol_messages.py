@@ -7,6 +7,7 @@ from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
     PROTOCOL_VERSION,
     CompletionSample,
+    Heartbeat,
     Lease,
     RolloutSubmission,
     SamplingParams,
@@ -70,6 +71,11 @@ def test_unknown_fields_and_wrong_protocol_version_are_refused() -> None:
         RolloutSubmission.model_validate(
             {**make_submission([1]).model_dump(mode="json"), "protocol_version": 1}
         )
+
+
+def test_a_heartbeat_from_an_older_worker_drops_the_fields_it_lost() -> None:
+    old = {"worker": WORKER, "pool_id": 1, "policy_version": 3, "rollouts_in_flight": 2}
+    assert Heartbeat.model_validate(old) == Heartbeat(worker=WORKER, pool_id=1)
 
 
 def test_bad_address_and_bad_base64_are_refused() -> None:
