@@ -34,10 +34,10 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from prime_swarm.libs.environments.base import Env, Split, Task, hash_int
+from prime_swarm.libs.environments.base import Task
+from prime_swarm.libs.environments.problems import SeededProblemEnv
 from prime_swarm.libs.environments.sandbox import Limits, run_cells
 
-HELDOUT_PERCENT = 10
 # A tool call needs milliseconds; these bound what a looping or sleeping one costs worker and
 # validator on every later call of the episode (each call replays the earlier cells).
 LIMITS = Limits(wall_s=3.0, cpu_s=2)
@@ -136,7 +136,7 @@ FAMILIES: dict[str, Family] = {
 Problem = tuple[str, tuple[tuple[str, int], ...]]  # (family, sorted params)
 
 
-class PythonToolEnv(Env):
+class PythonToolEnv(SeededProblemEnv[Problem]):
     def __init__(
         self,
         name: str = "python-tool",
@@ -152,21 +152,8 @@ class PythonToolEnv(Env):
         # Per turn: a tool call of a few lines, or an answer with a sentence around it.
         self.max_answer_chars = 400
 
-    def split_of(self, problem: Problem) -> Split:
-        # Membership depends on the problem itself, so the splits are disjoint by construction.
-        held = hash_int(self.name, "split", *problem) % 100 < HELDOUT_PERCENT
-        return "heldout" if held else "train"
-
-    def problem(self, split: Split, index: int) -> Problem:
-        # Rejection-sample until the problem falls in the split (~1.1 tries for train).
-        for attempt in range(10_000):
-            h = hash_int(self.name, index, attempt, nbytes=16)
-            family = self.families[h % len(self.families)]
-            params = FAMILIES[family].params(h // len(self.families))
-            problem = (family, tuple(sorted(params.items())))
-            if self.split_of(problem) == split:
-                return problem
-        raise RuntimeError("no problem found for the split")  # unreachable in practice
+    def draw(self, family: str, h: int) -> Problem:
+        return family, tuple(sorted(FAMILIES[family].params(h).items()))
 
     def task_from_id(self, task_id: str) -> Task:
         split, index = self.parse_task_id(task_id)

@@ -33,11 +33,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prime_swarm.libs.environments.base import Env, Split, Task, hash_int
+from prime_swarm.libs.environments.base import Task
+from prime_swarm.libs.environments.problems import SeededProblemEnv
 from prime_swarm.libs.environments.python_tool import TOOL_OUTPUT_CHARS, code_of, tool_reply
 from prime_swarm.libs.environments.sandbox import Limits
 
-HELDOUT_PERCENT = 10
 LIMITS = Limits(wall_s=3.0, cpu_s=2)
 FINAL = re.compile(r"FINAL\(([^()]*)\)")
 CITIES = ("Lima", "Oslo", "Pune", "Rome", "Kyiv", "Baku", "Doha", "Riga")
@@ -99,7 +99,7 @@ def _param(family: str, h: int) -> int | str:
 Problem = tuple[str, int | str, int]  # (family, param, input seed)
 
 
-class RLMEnv(Env):
+class RLMEnv(SeededProblemEnv[Problem]):
     def __init__(
         self,
         name: str = "rlm",
@@ -119,20 +119,9 @@ class RLMEnv(Env):
         self.families = sorted(FAMILIES)
         self.max_answer_chars = 400
 
-    def split_of(self, problem: Problem) -> Split:
-        # Membership depends on the problem, its input included, so no input is in both splits.
-        held = hash_int(self.name, "split", *problem) % 100 < HELDOUT_PERCENT
-        return "heldout" if held else "train"
-
-    def problem(self, split: Split, index: int) -> Problem:
-        for attempt in range(10_000):
-            h = hash_int(self.name, index, attempt, nbytes=16)
-            family = self.families[h % len(self.families)]
-            h //= len(self.families)
-            problem = (family, _param(family, h % 10_000), h // 10_000 % 2**48)
-            if self.split_of(problem) == split:
-                return problem
-        raise RuntimeError("no problem found for the split")  # unreachable in practice
+    def draw(self, family: str, h: int) -> Problem:
+        # The input's seed is part of the problem, so no input is in both splits.
+        return family, _param(family, h % 10_000), h // 10_000 % 2**48
 
     def context(self, kind: str, seed: int) -> list[int] | str:
         """The task's input: a sha256 counter-mode stream from `seed`, the same everywhere."""
