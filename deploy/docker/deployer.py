@@ -109,7 +109,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def main() -> int:
-    from prime_swarm.libs.chain.cli import amount
+    from prime_swarm.libs.chain.units import parse_wei
 
     out = Path(env("SWARM_CHAIN_DIR", "/data/chain"))
     rpc_url = env("SWARM_RPC_URL", "http://anvil:8545")
@@ -119,8 +119,8 @@ def main() -> int:
     min_stake = env("SWARM_MIN_STAKE", "1ether")
     reward_per_unit = env("SWARM_REWARD_PER_UNIT", "1000000000000")
     pool_funds = env("SWARM_POOL_FUNDS", "10ether")
-    worker_balance = amount(env("SWARM_WORKER_BALANCE", "5ether"))
-    validator_balance = amount(env("SWARM_VALIDATOR_BALANCE", "100ether"))
+    worker_balance = parse_wei(env("SWARM_WORKER_BALANCE", "5ether"))
+    validator_balance = parse_wei(env("SWARM_VALIDATOR_BALANCE", "100ether"))
 
     env_dir = out / "env"
     env_dir.mkdir(parents=True, exist_ok=True)

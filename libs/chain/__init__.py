@@ -9,7 +9,9 @@ Modules, one job each:
   artifacts   load protocol/contracts/build/<Name>.json;  compile: regenerate it with vyper
   keyfile     load_or_create_key(): a worker's or operator's key file
   anvil       start/stop a local anvil dev chain; its dev accounts
-  cli         `prime-chain`
+  units       amounts: wei as ETH for people, '0.5ether' as wei for commands
+
+The operator's command line over these, `prime-chain`, is services/chain/cli.py.
 
 Importing this package imports nothing heavy; import the module you need.
 """

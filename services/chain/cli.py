@@ -1,5 +1,8 @@
 """`prime-chain`: compile, deploy and administer the ledger from the command line.
 
+The operator's shell over `libs/chain` (the client, deployment records, keys, units): arguments
+in, one library call, a result out.
+
 Machine-readable results go to stdout (a pool id, a JSON document); everything else to stderr.
 Bad input exits non-zero with one line naming the problem, never a traceback. web3 and
 eth-account take over a second to import, so only the commands that talk to a chain pay for them:
@@ -11,33 +14,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
 from eth_utils import is_address, to_checksum_address
 
-from prime_swarm.libs.cli import new_parser
-
-from .deployment import (
+from prime_swarm.libs.chain.deployment import (
     DEFAULT_CHALLENGE_BLOCKS,
     DEFAULT_SLASH_BPS,
     DEFAULT_UNBONDING_BLOCKS,
     load_deployment,
 )
-from .errors import ChainError, KeyFileError
+from prime_swarm.libs.chain.errors import ChainError, KeyFileError
+from prime_swarm.libs.chain.units import eth, parse_wei
+from prime_swarm.libs.cli import new_parser
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
-    from .client import LedgerClient
+    from prime_swarm.libs.chain.client import LedgerClient
 
 PRIVATE_KEY_ENV = "PRIME_CHAIN_PRIVATE_KEY"
-_AMOUNT = re.compile(r"^(\d+(?:\.\d+)?)\s*(wei|gwei|ether|eth)?$", re.IGNORECASE)
-_UNIT_WEI = {"wei": 1, "gwei": 10**9, "ether": 10**18, "eth": 10**18}
 
 
 # --- argument types ---------------------------------------------------------------------------
@@ -47,19 +46,12 @@ AMOUNT_HELP = "wei, or a number with gwei or ether (0.5ether)"
 
 
 def amount(text: str) -> int:
-    """Wei from '1000', '2gwei' or '0.5ether'; fractions of a wei are refused, not rounded."""
-    match = _AMOUNT.match(text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(
-            f"invalid amount {text!r} (use wei, or a number with gwei/ether, e.g. 0.5ether)"
-        )
+    """Wei from '1000', '2gwei' or '0.5ether' (`libs/chain/units.parse_wei`), as argparse wants
+    a bad value reported."""
     try:
-        wei = Decimal(match.group(1)) * _UNIT_WEI[(match.group(2) or "wei").lower()]
-    except InvalidOperation:
-        raise argparse.ArgumentTypeError(f"invalid amount {text!r}") from None
-    if wei != wei.to_integral_value():
-        raise argparse.ArgumentTypeError(f"amount {text!r} is not a whole number of wei")
-    return int(wei)
+        return parse_wei(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def pool_id(text: str) -> int:
@@ -124,8 +116,8 @@ def _account(args: argparse.Namespace) -> LocalAccount:
 
     from eth_account import Account
 
-    from .anvil import dev_accounts
-    from .keyfile import load_or_create_key
+    from prime_swarm.libs.chain.anvil import dev_accounts
+    from prime_swarm.libs.chain.keyfile import load_or_create_key
 
     if args.key_file:
         return load_or_create_key(args.key_file)
@@ -142,7 +134,7 @@ def _client(args: argparse.Namespace, signer: bool) -> LedgerClient:
     deployment = load_deployment(args.deployment)
     account = _account(args) if signer else None
 
-    from .client import LedgerClient
+    from prime_swarm.libs.chain.client import LedgerClient
 
     return LedgerClient.from_deployment(
         deployment, account, rpc_url=args.rpc_url, timeout=args.timeout
@@ -158,14 +150,14 @@ def _print_json(data: object) -> None:
 
 def cmd_address(args: argparse.Namespace) -> int:
     """A service key's address, for the pool owner to register: a validator's, a trainer's."""
-    from .keyfile import load_or_create_key
+    from prime_swarm.libs.chain.keyfile import load_or_create_key
 
     print(load_or_create_key(args.key_file).address)
     return 0
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from .compile import stale_artifacts, write_artifacts
+    from prime_swarm.libs.chain.compile import stale_artifacts, write_artifacts
 
     if args.check:
         stale = stale_artifacts()
@@ -182,8 +174,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from .deploy import deploy_ledger
-    from .deployment import write_deployment
+    from prime_swarm.libs.chain.deploy import deploy_ledger
+    from prime_swarm.libs.chain.deployment import write_deployment
 
     deployment = deploy_ledger(
         args.rpc_url,
@@ -305,8 +297,6 @@ def cmd_balances(args: argparse.Namespace) -> int:
 
 def cmd_pool_status(args: argparse.Namespace) -> int:
     """The pool for a person: the same facts as `pool-info`, amounts in ETH."""
-    from .units import eth
-
     client = _client(args, signer=False)
     p = client.get_pool(args.pool)
     slash_to = "burnt" if p.burn_slashed else "to the pool's funds"
@@ -330,8 +320,6 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
 
 def cmd_worker_status(args: argparse.Namespace) -> int:
     """A worker for a person: the same facts as `balances`, amounts in ETH."""
-    from .units import eth
-
     client = _client(args, signer=False)
     pool_id, worker = args.pool, args.worker
     client.get_pool(pool_id)

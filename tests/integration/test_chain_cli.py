@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from prime_swarm.libs.chain.anvil import Anvil, free_port
-from prime_swarm.libs.chain.cli import main
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.chain.deployment import DEFAULT_UNBONDING_BLOCKS
 from prime_swarm.libs.chain.transactions import make_web3
+from prime_swarm.services.chain.cli import main
 
 Run = tuple[int, str, str]
 TRAINER = "0x" + "7e" * 20
@@ -28,7 +28,9 @@ TRAINER = "0x" + "7e" * 20
 def _console_script() -> list[str]:
     script = Path(sys.executable).with_name("prime-chain")
     return (
-        [str(script)] if script.exists() else [sys.executable, "-m", "prime_swarm.libs.chain.cli"]
+        [str(script)]
+        if script.exists()
+        else [sys.executable, "-m", "prime_swarm.services.chain.cli"]
     )
 
 

@@ -10,10 +10,11 @@ import pytest
 from web3.exceptions import ContractLogicError
 
 from prime_swarm.libs.chain import anvil
-from prime_swarm.libs.chain.cli import amount, build_parser
 from prime_swarm.libs.chain.deployment import Deployment, load_deployment, write_deployment
 from prime_swarm.libs.chain.errors import ChainError
 from prime_swarm.libs.chain.transactions import revert_reason
+from prime_swarm.libs.chain.units import parse_wei
+from prime_swarm.services.chain.cli import amount, build_parser
 
 
 @pytest.mark.parametrize(
@@ -28,6 +29,9 @@ def test_amounts(text: str, wei: int) -> None:
 def test_bad_amounts(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         amount(text)
+    # The library's parser (the compose deployer's too) says the same as a ValueError.
+    with pytest.raises(ValueError, match="amount"):
+        parse_wei(text)
 
 
 def test_every_command_has_help() -> None:

@@ -20,9 +20,9 @@ from pydantic_settings import BaseSettings
 
 from prime_swarm.deploy.local import cli as swarm_cli
 from prime_swarm.deploy.local.settings import LocalNetworkSettings
-from prime_swarm.libs.chain import cli as chain_cli
 from prime_swarm.libs.cli import FLAG_NAMES, add_settings, new_parser
 from prime_swarm.libs.observability.logs import setup_logging
+from prime_swarm.services.chain import cli as chain_cli
 from prime_swarm.services.orchestrator import cli as orchestrator_cli
 from prime_swarm.services.orchestrator.settings import OrchestratorSettings
 from prime_swarm.services.relay import cli as relay_cli

@@ -183,7 +183,7 @@ def test_the_torch_free_images_start_their_services_without_torch() -> None:
         "prime_swarm.services.relay.app",
         "prime_swarm.services.orchestrator.cli",
         "prime_swarm.services.orchestrator.app",
-        "prime_swarm.libs.chain.cli",
+        "prime_swarm.services.chain.cli",
     ]
     code = "import sys; sys.modules['torch'] = None\n" + "".join(f"import {m}\n" for m in modules)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

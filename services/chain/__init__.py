@@ -1,0 +1,1 @@
+"""`prime-chain`, the ledger operator's command line: a thin shell over `libs/chain`."""
