@@ -14,6 +14,7 @@ from prime_swarm.libs.environments.base import hash_int
 from prime_swarm.libs.environments.reward import budget_for, with_budget
 from prime_swarm.libs.environments.task_lists import load_task_list
 from prime_swarm.libs.rollout.admission import oldest_admitted
+from prime_swarm.libs.streams.announcements import latest_announcement_async
 from prime_swarm.libs.streams.replication import Replication, ReplicaWait
 from prime_swarm.protocol import streams
 from prime_swarm.protocol import worker_stats as ws
@@ -59,8 +60,7 @@ class PolicyTracker:
         at, value = self._cached
         if time.monotonic() - at < 0.25:
             return value
-        entries = await self.redis.xrevrange(streams.POLICY_ANNOUNCEMENTS, count=1)
-        value = streams.decode(PolicyAnnouncement, entries[0][1]) if entries else None
+        value = await latest_announcement_async(self.redis)
         self._cached = (time.monotonic(), value)
         return value
 

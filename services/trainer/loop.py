@@ -32,6 +32,7 @@ from prime_swarm.libs.rollout.admission import is_fresh
 from prime_swarm.libs.shardcast.client import make_http_client
 from prime_swarm.libs.shardcast.publish import publish_version
 from prime_swarm.libs.shardcast.routes import manifest_path
+from prime_swarm.libs.streams.announcements import latest_announcement
 from prime_swarm.libs.streams.connection import connect
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
 from prime_swarm.libs.streams.replication import ReplicaWait, has_replicas
@@ -79,7 +80,7 @@ class Trainer:
         self._backlog: list[Entry[VerifiedRollout]] = self._own_pending()
         # Submission id -> the step it was collected for (see `collect`).
         self._taken: dict[str, int] = {}
-        latest = self._latest_announcement()
+        latest = latest_announcement(self.r)
         self._last_published: int | None = latest.version if latest else None
         # One keep-alive client for every upload: a version a step, each a handful of requests.
         self._origin_http = make_http_client(settings.http_timeout_s)
@@ -137,10 +138,6 @@ class Trainer:
         # At most a few steps' worth exist (lease admission bounds what is in flight); any
         # beyond this count are reclaimed by the normal read once idle.
         return self.reader.own_pending(10_000)
-
-    def _latest_announcement(self) -> PolicyAnnouncement | None:
-        entries = self.r.xrevrange(streams.POLICY_ANNOUNCEMENTS, count=1)
-        return streams.decode(PolicyAnnouncement, entries[0][1]) if entries else None
 
     def _save(self, snap: Snapshot) -> None:
         ckpt.save_checkpoint(

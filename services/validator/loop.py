@@ -19,13 +19,13 @@ from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.policy.store import PolicyError, PolicyStore
 from prime_swarm.libs.rollout import verify
 from prime_swarm.libs.rollout.admission import Refusal, check_admission, check_answers_lease
+from prime_swarm.libs.streams.announcements import latest_announcement
 from prime_swarm.libs.streams.connection import connect
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
 from prime_swarm.libs.streams.replication import ReplicaWait, has_replicas
 from prime_swarm.libs.streams.retention import Retention
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
-    PolicyAnnouncement,
     SubmittedRollout,
     Verdict,
     VerifiedCompletion,
@@ -118,8 +118,8 @@ class Validator:
         )
 
     def current_version(self) -> int:
-        entries = self.r.xrevrange(streams.POLICY_ANNOUNCEMENTS, count=1)
-        return streams.decode(PolicyAnnouncement, entries[0][1]).version if entries else -1
+        latest = latest_announcement(self.r)
+        return latest.version if latest else -1
 
     def _first_sighting(self, entry: SubmittedRollout) -> bool:
         """Content seen before under another submission id is a replay (across workers, too)."""
