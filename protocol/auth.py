@@ -8,6 +8,7 @@ from __future__ import annotations
 from fastapi import HTTPException, Request
 from redis.asyncio import Redis
 
+from .messages import normal_address
 from .signing import AuthError, NonceBurner, verify_request
 
 NONCE_KEY = "auth:nonce:{address}:{nonce}"
@@ -15,7 +16,7 @@ NONCE_KEY = "auth:nonce:{address}:{nonce}"
 
 def redis_nonce_burner(redis: Redis) -> NonceBurner:
     async def burn(address: str, nonce: str, ttl_s: int) -> bool:
-        key = NONCE_KEY.format(address=address.lower(), nonce=nonce)
+        key = NONCE_KEY.format(address=normal_address(address), nonce=nonce)
         return bool(await redis.set(key, b"1", nx=True, ex=ttl_s))
 
     return burn

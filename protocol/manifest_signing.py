@@ -8,7 +8,7 @@ from eth_account import Account
 from eth_account.messages import encode_defunct
 from eth_account.signers.local import LocalAccount
 
-from .messages import FileEntry, Manifest, SignedManifest
+from .messages import FileEntry, Manifest, SignedManifest, normal_address
 
 
 def model_hash(files: list[FileEntry]) -> str:
@@ -24,7 +24,7 @@ def _signing_text(manifest: Manifest) -> str:
 
 
 def sign_manifest(manifest: Manifest, account: LocalAccount) -> SignedManifest:
-    if manifest.trainer.lower() != account.address.lower():
+    if normal_address(manifest.trainer) != normal_address(account.address):
         raise ValueError("manifest names a different trainer than the signing key")
     sig = account.sign_message(encode_defunct(text=_signing_text(manifest))).signature
     return SignedManifest(manifest=manifest, signature="0x" + sig.hex().removeprefix("0x"))
@@ -37,7 +37,7 @@ class ManifestError(ValueError):
 def verify_manifest(signed: SignedManifest, trusted_trainer: str) -> Manifest:
     """Raise ManifestError unless the manifest is signed by the trusted trainer and consistent."""
     m = signed.manifest
-    if m.trainer.lower() != trusted_trainer.lower():
+    if normal_address(m.trainer) != normal_address(trusted_trainer):
         raise ManifestError(f"manifest trainer {m.trainer} is not the trusted {trusted_trainer}")
     try:
         signer = Account.recover_message(
@@ -45,7 +45,7 @@ def verify_manifest(signed: SignedManifest, trusted_trainer: str) -> Manifest:
         )
     except Exception as exc:
         raise ManifestError(f"malformed manifest signature: {type(exc).__name__}") from exc
-    if signer.lower() != trusted_trainer.lower():
+    if normal_address(signer) != normal_address(trusted_trainer):
         raise ManifestError("manifest signature is not the trainer's")
     if model_hash(m.files) != m.model_hash:
         raise ManifestError("model_hash does not match the file list")

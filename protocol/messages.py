@@ -13,12 +13,14 @@ import time
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     JsonValue,
     PlainSerializer,
     PlainValidator,
+    TypeAdapter,
     model_validator,
 )
 
@@ -27,10 +29,32 @@ PROTOCOL_VERSION = 2
 its cached keys (libs/rollout/recompute.prefill_hidden); a version-1 worker's proofs would fail
 a same-class validator's bit-exact check, so it is refused at the door (422), never slashed."""
 
+ADDRESS_PATTERN = r"^0x[0-9a-fA-F]{40}$"
+
 Address = Annotated[
     str,
-    Field(pattern=r"^0x[0-9a-fA-F]{40}$", description="EIP-55 or lower-case hex address"),
+    Field(pattern=ADDRESS_PATTERN, description="Hex address, EIP-55 or not; read as lower case"),
+    AfterValidator(str.lower),
 ]
+"""An account address in the one form the pool compares, keys and stores: a model field of this
+type holds it in lower case whatever case was sent, so no reader lowers it again. EIP-55 is for
+people and web3, which libs/chain/client.py checksums on its own."""
+
+AddressAsWritten = Annotated[
+    str, Field(pattern=ADDRESS_PATTERN, description="Hex address, kept as written")
+]
+"""An address kept in the case it came in: where the exact text matters, as in a signed
+manifest (its signature covers the trainer's address as the trainer wrote it) or an EIP-55
+address shown to people. Compare it through `normal_address`."""
+
+_ADDRESS = TypeAdapter(Address)
+
+
+def normal_address(value: str) -> str:
+    """`value` in the form an `Address` field holds, for addresses that do not come in through a
+    model (a recovered signer, a key's own address, a chain event, a header). Raises
+    ValueError (pydantic's ValidationError) for anything that is not an address."""
+    return _ADDRESS.validate_python(value)
 
 
 def _decode_b64(value: object) -> bytes:
@@ -110,7 +134,8 @@ class Manifest(Versioned):
         pattern=r"^[0-9a-f]{64}$", description="sha256 over the sorted (name, sha256) of files."
     )
     created_at: float = Field(default_factory=time.time)
-    trainer: Address
+    # As written: the signature covers the manifest's JSON, which must read back byte for byte.
+    trainer: AddressAsWritten
 
 
 class SignedManifest(Versioned):
@@ -557,7 +582,7 @@ class WorkerStatus(Message):
     """One worker as the pool sees it: counts come from the role that learns each fact (leases
     and submissions: the orchestrator; verdicts and units: the validators)."""
 
-    worker: Address
+    worker: AddressAsWritten = Field(description="EIP-55, for people to read and copy.")
     hardware: str = Field(default="", description="Self-reported at registration; untrusted.")
     backend: str = ""
     device: str = ""

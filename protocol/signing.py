@@ -20,6 +20,8 @@ from eth_account import Account
 from eth_account.messages import encode_defunct
 from eth_account.signers.local import LocalAccount
 
+from .messages import normal_address
+
 HEADER_ADDRESS = "x-swarm-address"
 HEADER_TIMESTAMP = "x-swarm-timestamp"
 HEADER_NONCE = "x-swarm-nonce"
@@ -127,7 +129,11 @@ async def verify_request(
         signer = Account.recover_message(encode_defunct(text=text), signature=sig)
     except Exception as exc:  # eth-account raises several types for malformed signatures
         raise AuthError(401, f"malformed signature: {type(exc).__name__}") from exc
-    if signer.lower() != claimed.lower():
+    try:
+        matches = normal_address(signer) == normal_address(claimed)
+    except ValueError:  # the claimed header is not an address at all
+        matches = False
+    if not matches:
         raise AuthError(401, "signature does not match the claimed address or request")
     if not await burn_nonce(signer, nonce, NONCE_TTL_S):
         raise AuthError(401, "replayed nonce")
@@ -136,5 +142,5 @@ async def verify_request(
 
 def require_signer_is(signer: str, worker: str) -> None:
     """The signer must be the worker the request is about: nobody acts for someone else."""
-    if signer.lower() != worker.lower():
+    if normal_address(signer) != normal_address(worker):
         raise AuthError(403, f"signed by {signer}, but the request is for worker {worker}")

@@ -32,7 +32,12 @@ import redis
 from prime_swarm.libs.chain.models import Work
 from prime_swarm.libs.streams.retention import format_id, parse_id
 from prime_swarm.protocol import streams
-from prime_swarm.protocol.messages import SubmittedRollout, Verdict, VerifiedRollout
+from prime_swarm.protocol.messages import (
+    SubmittedRollout,
+    Verdict,
+    VerifiedRollout,
+    normal_address,
+)
 from prime_swarm.protocol.trainer_records import DROPPED, TRAINED_BY_STEP
 
 # What the books keep of an entry: the submission id, and the work it answers (submitted: its
@@ -41,7 +46,7 @@ Record = tuple[str, int | str]
 
 
 def work_key(worker: str, work_id: int) -> str:
-    return f"{worker.lower()}/{work_id}"
+    return f"{normal_address(worker)}/{work_id}"
 
 
 def _record(stream: str, fields: dict) -> Record:

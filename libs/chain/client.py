@@ -18,6 +18,8 @@ from web3.contract import Contract
 from web3.logs import DISCARD
 from web3.types import BlockIdentifier, EventData, TxReceipt
 
+from prime_swarm.protocol.messages import normal_address
+
 from . import merkle
 from .artifacts import LEDGER_CONTRACT, load_artifact
 from .deployment import Deployment, load_deployment
@@ -284,7 +286,8 @@ class LedgerClient:
         retrying the whole list is again safe.
         """
         entries = sorted(
-            (self._checked_work(w) for w in work), key=lambda w: (w.worker.lower(), w.work_id)
+            (self._checked_work(w) for w in work),
+            key=lambda w: (normal_address(w.worker), w.work_id),
         )
         attested: list[Work] = []
         skipped: list[SkippedWork] = []
@@ -590,7 +593,7 @@ def _without(items: Sequence[Work], skipped: Sequence[SkippedWork]) -> list[Work
     id has fewer skips than occurrences."""
 
     def key(worker: str, work_id: int) -> tuple[str, int]:
-        return worker.lower(), work_id
+        return normal_address(worker), work_id
 
     occurrences = Counter(key(w.worker, w.work_id) for w in items)
     skips = Counter(key(s.worker, s.work_id) for s in skipped)

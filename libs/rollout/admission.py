@@ -42,7 +42,7 @@ def check_version(version: int, current_version: int, async_level: int, lease_mi
 
 def check_answers_lease(sub: RolloutSubmission, lease: Lease) -> None:
     """The submission is this worker's answer to this lease, shaped as the lease asked."""
-    if sub.lease_id != lease.lease_id or sub.worker.lower() != lease.worker.lower():
+    if sub.lease_id != lease.lease_id or sub.worker != lease.worker:
         raise Refusal("lease_mismatch", "submission is not for this lease or this worker")
     if sub.task_id != lease.task_id or sub.pool_id != lease.pool_id:
         raise Refusal("lease_mismatch", "task or pool differ from the lease")

@@ -29,6 +29,7 @@ from prime_swarm.protocol.messages import (
     RewardPoint,
     StepProgress,
     WorkerStatus,
+    normal_address,
 )
 
 from .settings import OrchestratorSettings
@@ -249,7 +250,7 @@ class StatusBoard:
 
     async def worker(self, address: str) -> WorkerStatus | None:
         """One worker, or None when the pool has never heard of it."""
-        worker = address.lower()
+        worker = normal_address(address)
         score = await self.redis.zscore(LIVE_WORKERS, worker)
         (row,) = await self.rows([(worker, None if score is None else float(score))])
         # Registered once (its registration left backend and hardware), or counted by anyone.

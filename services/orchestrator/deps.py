@@ -11,6 +11,7 @@ from fastapi import Depends, HTTPException, Request
 from redis.asyncio import Redis
 
 from prime_swarm.libs.guard.ratelimit import Limited, RateLimiter
+from prime_swarm.protocol.messages import normal_address
 
 from . import metrics
 from .board import StatusBoard
@@ -61,15 +62,13 @@ def rate_limited(route: str, exc: Limited) -> HTTPException:
 
 
 async def get_signer(request: Request, pool: PoolDep) -> str:
-    """The verified EIP-191 signer of this request (401 otherwise), counted against the
-    signer's limit for this route (429). The signature comes first: a forged address must not
-    spend someone else's allowance."""
-    signer = await request.app.state.auth(request)
+    """The verified EIP-191 signer of this request (401 otherwise), as an `Address`, counted
+    against the signer's limit for this route (429). The signature comes first: a forged
+    address must not spend someone else's allowance."""
+    signer = normal_address(await request.app.state.auth(request))
     route = request.scope["route"].name
     try:
-        await pool.limiter.hit(
-            f"{route}:{signer.lower()}", getattr(pool.settings.rate_limits, route)
-        )
+        await pool.limiter.hit(f"{route}:{signer}", getattr(pool.settings.rate_limits, route))
     except Limited as exc:
         raise rate_limited(route, exc) from None
     return signer

@@ -168,7 +168,7 @@ async def submit_batch(body: SubmissionBatch, signer: Signer, pool: PoolDep) -> 
     results = []
     for sub in body.submissions:
         try:
-            if sub.worker.lower() != body.worker.lower() or sub.pool_id != body.pool_id:
+            if sub.worker != body.worker or sub.pool_id != body.pool_id:
                 raise refuse(route, 403, "a batch carries its signer's own work only", "foreign")
             sid = await admit(route, sub, pool)
             results.append(SubmitResult(lease_id=sub.lease_id, status=200, submission_id=sid))
@@ -193,7 +193,7 @@ async def admit(route: str, body: RolloutSubmission, pool: Pool) -> str:
     lease = await pool.leases.get(body.lease_id)
     if lease is None:
         raise refuse(route, 404, f"unknown or expired lease {body.lease_id}", "unknown_lease")
-    if lease.worker.lower() != body.worker.lower():
+    if lease.worker != body.worker:
         raise refuse(route, 403, "this lease was issued to another worker", "foreign_lease")
     if acceptance_for(body.backend) is None:
         raise refuse(route, 422, f"backend {body.backend!r} is not calibrated", "malformed")

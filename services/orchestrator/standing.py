@@ -21,6 +21,7 @@ from typing import Literal
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.chain.errors import ChainError
 from prime_swarm.libs.guard.ratelimit import Rate, RateLimiter
+from prime_swarm.protocol.messages import normal_address
 
 log = logging.getLogger("orchestrator.standing")
 
@@ -74,8 +75,8 @@ class StandingBook:
 
     async def of(self, worker: str) -> Standing:
         """The worker's standing, at most `ttl_s` old. Raises `Limited` when an uncached lookup
-        would exceed the pool-wide chain budget."""
-        key = worker.lower()
+        would exceed the pool-wide chain budget. `worker` is normalised (an `Address`)."""
+        key = worker
         now = time.monotonic()
         hit = self._cache.get(key)
         if hit is not None and now - hit[0] < self.ttl_s:
@@ -92,7 +93,7 @@ class StandingBook:
         return standing
 
     def forget(self, worker: str) -> None:
-        key = worker.lower()
+        key = normal_address(worker)  # chain events name workers in EIP-55
         self._cache.pop(key, None)
         self._forgotten[key] = time.monotonic()
 

@@ -31,6 +31,8 @@ from .settings import OrchestratorSettings
 
 log = logging.getLogger(__name__)
 
+# A worker in these keys is in `protocol.messages.Address` form (lower case), as it arrives from
+# a model field or the routes' caller dependency; nothing here lowers it again.
 TASK_COUNTER = "orch:task_counter"
 WORKERS = "orch:workers"  # hash: address -> registration time
 LIVE_WORKERS = "orch:live_workers"  # sorted set: address scored by when it was last heard from
@@ -89,10 +91,10 @@ class WorkerRoster:
         """Record the worker (and what it runs on) and count it live; returns how many workers
         are registered."""
         now = time.time()
-        info = WORKER_INFO.format(worker=worker.lower())
+        info = WORKER_INFO.format(worker=worker)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(WORKERS, worker.lower(), now)
-            pipe.zadd(LIVE_WORKERS, {worker.lower(): now})
+            pipe.hset(WORKERS, worker, now)
+            pipe.zadd(LIVE_WORKERS, {worker: now})
             pipe.hset(info, mapping={"hardware": hardware, "backend": backend, "device": device})
             pipe.expire(info, ws.TOTALS_TTL_S)
             pipe.hlen(WORKERS)
@@ -100,16 +102,16 @@ class WorkerRoster:
         return int(registered)
 
     async def is_registered(self, worker: str) -> bool:
-        return bool(await self.redis.hexists(WORKERS, worker.lower()))
+        return bool(await self.redis.hexists(WORKERS, worker))
 
     async def seen(self, worker: str) -> None:
-        await self.redis.zadd(LIVE_WORKERS, {worker.lower(): time.time()})
+        await self.redis.zadd(LIVE_WORKERS, {worker: time.time()})
 
     async def seen_and_live(self, worker: str) -> int:
         """`seen`, and how many workers are live now, in one round trip (every lease asks)."""
         now = time.time()
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zadd(LIVE_WORKERS, {worker.lower(): now})
+            pipe.zadd(LIVE_WORKERS, {worker: now})
             pipe.zcount(LIVE_WORKERS, now - self.settings.heartbeat_ttl_s, "+inf")
             _, live = await pipe.execute()
         return int(live)
@@ -128,7 +130,7 @@ class WorkerRoster:
         return claimed
 
     async def record_ejection(self, worker: str, record: str) -> None:
-        await self.redis.hset(EJECTED, worker.lower(), record)
+        await self.redis.hset(EJECTED, worker, record)
 
 
 # Reserve ARGV[1] ids; -1 when the counter is missing and no floor (ARGV[2]) was given, so the
@@ -258,7 +260,7 @@ class LeaseBook:
 
     async def open_count(self, worker: str) -> int:
         """Unexpired open leases of `worker`."""
-        key = OPEN_LEASES.format(worker=worker.lower())
+        key = OPEN_LEASES.format(worker=worker)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.zremrangebyscore(key, "-inf", time.time())  # expired ones no longer count
             pipe.zcard(key)
@@ -275,7 +277,7 @@ class LeaseBook:
         """(leases granted, groups in flight before them); the granted ones are `ids[:n]`."""
         granted, in_flight = await self._reserve_leases(
             keys=[
-                OPEN_LEASES.format(worker=worker.lower()),
+                OPEN_LEASES.format(worker=worker),
                 ALL_OPEN_LEASES,
                 streams.ROLLOUTS_SUBMITTED,
                 streams.ROLLOUTS_VERIFIED,
@@ -315,7 +317,7 @@ class LeaseBook:
     async def next_work_ids(self, worker: str, count: int) -> range:
         """`count` fresh work ids of `worker`: consecutive, so the ledger settles 256 of them
         per storage slot, and never reused, so no honest item is refused as a duplicate."""
-        key = WORK_IDS.format(worker=worker.lower())
+        key = WORK_IDS.format(worker=worker)
         last = int(await self._reserve(keys=[key], args=[count, ""]))
         if last < 0:
             floor = await self._work_id_floor(worker)
@@ -387,7 +389,7 @@ class LeaseBook:
                 pipe.set(record, lease.model_dump_json(), ex=self._record_ttl)
             if reissued:
                 pipe.incrby(REISSUED, len(reissued))
-            info = WORKER_INFO.format(worker=worker.lower())
+            info = WORKER_INFO.format(worker=worker)
             pipe.hincrby(info, "leases", len(leases))
             pipe.expire(info, ws.TOTALS_TTL_S)
             await pipe.execute()
@@ -405,7 +407,7 @@ class LeaseBook:
         the worker retrying one whose reply it lost (ADMITTED_BEFORE: answered as the first
         was); with other content, DUPLICATE. With replicas, the answer waits until one holds
         it (`Replication`; None: not asked)."""
-        lease, worker = entry.lease, entry.lease.worker.lower()
+        lease, worker = entry.lease, entry.lease.worker
         fields = streams.encode(entry)
         async with self.redis.pipeline(transaction=False) as pipe:
             await self._admit(
@@ -440,7 +442,7 @@ class LeaseBook:
     async def close(self, lease: Lease) -> None:
         """The lease no longer counts as open work (answered, or refused beyond repair)."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zrem(OPEN_LEASES.format(worker=lease.worker.lower()), lease.lease_id)
+            pipe.zrem(OPEN_LEASES.format(worker=lease.worker), lease.lease_id)
             pipe.zrem(ALL_OPEN_LEASES, lease.lease_id)
             await pipe.execute()
 

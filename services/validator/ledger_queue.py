@@ -23,6 +23,7 @@ from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.chain.errors import ChainError
 from prime_swarm.libs.chain.models import Work
 from prime_swarm.libs.streams.replication import ReplicaWait
+from prime_swarm.protocol.messages import normal_address
 
 from . import metrics
 
@@ -46,7 +47,7 @@ def queue_key(pool_id: int, validator: str) -> str:
     the same head, both trim it, and drop the batch behind it unattested (found by the two
     validators of tests/e2e/test_pool_churn.py: 4 % of accepted units never reached the chain).
     A restarted validator, same key, finds what it left queued."""
-    return f"validator:{pool_id}:chain_queue:{validator.lower()}"
+    return f"validator:{pool_id}:chain_queue:{normal_address(validator)}"
 
 
 class LedgerQueue:

@@ -30,6 +30,7 @@ from prime_swarm.protocol.messages import (
     Verdict,
     VerifiedCompletion,
     VerifiedRollout,
+    normal_address,
 )
 
 from . import metrics, stats
@@ -60,7 +61,7 @@ class Decided:
 
 
 def default_consumer(address: str) -> str:
-    return f"validator-{address.lower()[2:12]}-{socket.gethostname()}"
+    return f"validator-{normal_address(address)[2:12]}-{socket.gethostname()}"
 
 
 class Validator:

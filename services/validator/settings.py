@@ -9,6 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prime_swarm.libs.observability.logs import LogLevel
 from prime_swarm.libs.rollout.recipe import Recipe
+from prime_swarm.protocol.messages import Address
 
 
 class ValidatorSettings(BaseSettings):
@@ -19,7 +20,7 @@ class ValidatorSettings(BaseSettings):
     ledger_address: str = Field(..., description="Address of the SwarmLedger contract.")
     pool_id: int = Field(..., ge=1, description="Pool whose work this validator checks.")
     key_file: Path = Field(..., description="Validator key; registered on chain by the owner.")
-    trusted_trainer: str | None = Field(
+    trusted_trainer: Address | None = Field(
         None,
         description="Pin the trainer address that signs manifests. Default: the trainer named "
         "in the pool's record on chain.",

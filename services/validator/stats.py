@@ -14,7 +14,7 @@ from prime_swarm.protocol.messages import Verdict
 def count_verdict(pipe: redis.client.Pipeline, verdict: Verdict, now: float | None = None) -> None:
     """Queue the counter updates of one verdict on `pipe` (the verdict's own transaction, so
     the counts move exactly when the verdict is acknowledged): a few O(1) commands."""
-    worker = verdict.worker.lower()
+    worker = verdict.worker
     totals = ws.VALIDATOR_WORKER.format(worker=worker)
     if verdict.accepted:
         pipe.hincrby(totals, ws.ACCEPTED, 1)

@@ -23,6 +23,7 @@ from prime_swarm.protocol.messages import (
     RegisterRequest,
     SubmissionBatch,
     SubmitBatchReply,
+    normal_address,
 )
 
 from . import metrics
@@ -76,7 +77,7 @@ class Worker:
             return None
         if self.store is None:
             self.store = PolicyStore(
-                self.settings.cache_dir / self.account.address.lower(),
+                self.settings.cache_dir / normal_address(self.account.address),
                 self.trusted_trainer,
                 keep=self.settings.keep_versions,
                 timeout_s=self.settings.http_timeout_s * 4,

@@ -13,7 +13,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prime_swarm.libs.observability.logs import LogLevel
-from prime_swarm.protocol.messages import BackendName, Precision
+from prime_swarm.protocol.messages import Address, BackendName, Precision
 
 
 class WorkerKeySettings(BaseSettings):
@@ -42,7 +42,7 @@ class WorkerChainSettings(WorkerKeySettings):
 class WorkerSettings(WorkerChainSettings):
     """Everything `prime-worker join` needs."""
 
-    trainer: str | None = Field(
+    trainer: Address | None = Field(
         None,
         description="Pin the trainer's signing address. Default: the trainer named in the pool's "
         "record on chain. Never taken from the orchestrator.",

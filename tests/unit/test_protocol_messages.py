@@ -12,6 +12,7 @@ from prime_swarm.protocol.messages import (
     RolloutSubmission,
     SamplingParams,
     SubmittedRollout,
+    normal_address,
 )
 
 WORKER = "0x" + "ab" * 20
@@ -76,6 +77,17 @@ def test_unknown_fields_and_wrong_protocol_version_are_refused() -> None:
 def test_a_heartbeat_from_an_older_worker_drops_the_fields_it_lost() -> None:
     old = {"worker": WORKER, "pool_id": 1, "policy_version": 3, "rollouts_in_flight": 2}
     assert Heartbeat.model_validate(old) == Heartbeat(worker=WORKER, pool_id=1)
+
+
+def test_an_address_arrives_lower_case_whatever_case_was_sent() -> None:
+    checksummed = "0xABaBaBaBABabABabAbAbABAbABabababaBaBABaB"
+    assert Lease.model_validate({**make_lease().model_dump(), "worker": checksummed}).worker == (
+        checksummed.lower()
+    )
+    assert normal_address(checksummed) == checksummed.lower() == normal_address(WORKER)
+    for bad in ("0x123", checksummed + "\n", "ab" * 20, 42):
+        with pytest.raises(ValueError):
+            normal_address(bad)  # type: ignore[arg-type]
 
 
 def test_bad_address_and_bad_base64_are_refused() -> None:

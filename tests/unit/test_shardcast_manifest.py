@@ -57,6 +57,10 @@ def test_sign_verify_roundtrip_through_json(tmp_path: Path) -> None:
     signed = sign_manifest(build_manifest(_model_dir(tmp_path), 1, 0, 10_000, acct.address), acct)
     again = SignedManifest.model_validate_json(signed.model_dump_json())
     assert verify_manifest(again, acct.address) == signed.manifest
+    # Kept as the trainer wrote it: a manifest signed by a trainer that sent EIP-55 must read
+    # back to the same text to verify.
+    assert again.manifest.trainer == acct.address
+    assert verify_manifest(again, acct.address.lower()) == signed.manifest
 
 
 def test_wrong_signer_and_tampered_shard_hash_are_refused(tmp_path: Path) -> None:
