@@ -34,16 +34,16 @@ from prime_swarm.libs.model.io import load_pretrained
 from prime_swarm.libs.model.logprobs import token_logprobs
 from prime_swarm.libs.model.tokenizer import decode, prompt_ids
 from prime_swarm.libs.rl.defaults import RL, WARM_START
-from prime_swarm.libs.rl.evaluate import heldout_reward
 from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, make_optimizer
 from prime_swarm.libs.rl.loss import LossConfig
-from prime_swarm.libs.rl.sft import warm_start
 from prime_swarm.libs.rl.step import train_step
 from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.rollout.episode import termination_ok
+from prime_swarm.libs.rollout.evaluate import heldout_reward
 from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.libs.rollout.recompute import prefill_hidden
 from prime_swarm.libs.rollout.verify import replay_gaps
+from prime_swarm.libs.warmstart import warm_start
 
 RECIPE = Recipe()
 BACKEND = HFBackend("bf16")

@@ -39,13 +39,12 @@ from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.model.backend import Generation, GenerationBackend
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.forward import forward_completions
 from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.io import load_pretrained, save_pretrained
 from prime_swarm.libs.model.tokenizer import build_tokenizer, decode, prompt_ids
 from prime_swarm.libs.policy.store import LoadedPolicy
-from prime_swarm.libs.rl.forward import forward_completions
-from prime_swarm.libs.rl.sft import warm_start
 from prime_swarm.libs.rollout import verify
 from prime_swarm.libs.rollout.admission import Refusal, check_admission
 from prime_swarm.libs.rollout.calibration import Acceptance, acceptance_for
@@ -58,6 +57,7 @@ from prime_swarm.libs.toploc import (
     pooled_mant_err_mean,
     verify_proofs_batch,
 )
+from prime_swarm.libs.warmstart import warm_start
 from prime_swarm.protocol.messages import (
     CompletionSample,
     Lease,

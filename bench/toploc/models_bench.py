@@ -144,7 +144,7 @@ def specs(names: list[str], model_dir: Path | None) -> list[Spec]:
     out = []
     for name in names:
         if name == "tiny":
-            from prime_swarm.libs.rl.sft import warm_start
+            from prime_swarm.libs.warmstart import warm_start
 
             lm = load_pretrained(warm_start(0, CACHE / "warm-seed0-steps400", seed=0))
             out.append(Spec(name, lm, byte_prompt, 4, 40, "warm-started tiny Qwen2, 2 layers"))

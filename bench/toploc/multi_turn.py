@@ -56,13 +56,13 @@ from prime_swarm.libs.model.hardware import device_class  # noqa: E402
 from prime_swarm.libs.model.io import load_pretrained  # noqa: E402
 from prime_swarm.libs.model.tokenizer import decode  # noqa: E402
 from prime_swarm.libs.policy.store import LoadedPolicy  # noqa: E402
-from prime_swarm.libs.rl.sft import warm_start  # noqa: E402
 from prime_swarm.libs.rollout import verify  # noqa: E402
 from prime_swarm.libs.rollout.admission import Refusal, check_admission  # noqa: E402
 from prime_swarm.libs.rollout.answer import ProofBuilder, start_leases  # noqa: E402
 from prime_swarm.libs.rollout.episode import Branch, Limits, play  # noqa: E402
 from prime_swarm.libs.rollout.recompute import prefill_hidden  # noqa: E402
 from prime_swarm.libs.toploc import build_proofs_batch, group_contexts  # noqa: E402
+from prime_swarm.libs.warmstart import warm_start  # noqa: E402
 from prime_swarm.protocol.messages import (  # noqa: E402
     CompletionSample,
     Lease,
