@@ -7,8 +7,9 @@ ratio, replay gaps, rewards, log-probs) and `judge_group` (the evidence against 
 bands: accept, suspect or reject). A suspect gets a second opinion (`second_opinion`: the
 validator's recomputation in the declared precision and a KV-cached decode, the worker's own
 path) before anything is slashed: no honest worker is slashed on one opinion (DESIGN.md §3.10).
-Measuring and judging are split so that the benchmark reports the very numbers the validator
-decides on.
+`decide` settles it: each group leaves as a `Decision` (accept, hold or reject, with its reason)
+that the validator service only encodes and commits. Measuring and judging are split so that
+the benchmark reports the very numbers the validator decides on.
 """
 
 from __future__ import annotations
@@ -499,7 +500,29 @@ def second_opinion(
 
 
 # --------------------------------------------------------------------------- a batch
-Verdicts = list[Judgement]
+Action = Literal["accept", "hold", "reject"]
+
+
+@dataclass
+class Decision:
+    """The settled verdict on one group: what the validator service encodes and commits.
+
+    `accept`: trained on and attested; `reject`: refused, and slashed unless its reason is not
+    the worker's fault; `hold`: a suspect this validator cannot settle, neither trained on nor
+    slashed, for a validator of the worker's device class. `refusal` says why (None when
+    accepted); `judgement` is the first opinion and its evidence, for logs and metrics."""
+
+    action: Action
+    refusal: Refusal | None
+    judgement: Judgement
+
+    @property
+    def completions(self) -> list[VerifiedCompletion]:
+        return self.judgement.completions if self.action == "accept" else []
+
+    @property
+    def suspect(self) -> bool:
+        return self.judgement.outcome == "suspect"
 
 
 def verify_batch(
@@ -508,24 +531,26 @@ def verify_batch(
     length: LengthReward | None = None,
     recheck: bool = True,
     device_class: str | None = None,
-) -> Verdicts:
-    """Judge every submission of a batch, in order; never raises for a submission's sake.
+) -> list[Decision]:
+    """Decide every submission of a batch, in order; never raises for a submission's sake.
 
     One recomputation per (policy version, precision) for the whole batch, one TOPLOC check per
     prover engine's limits; anything that fails batched is retried one group at a time, and a
     group that still makes the validator fail is refused as malformed rather than sinking the
-    batch. Suspects get `second_opinion` when `recheck`. `device_class`: the validator's own;
-    work declared from it is also held against the validator's declared-precision numbers.
+    batch. Suspects get `second_opinion` when `recheck`, then are settled (`settle`).
+    `device_class`: the validator's own; work declared from it is also held against the
+    validator's declared-precision numbers, and only there may a second opinion slash.
     """
-    out: list[Judgement | None] = [None] * len(works)
+    out: list[Decision | None] = [None] * len(works)
+    # Each work's bands are resolved once, here, and passed down with it.
+    bands = [acceptance_for(w.entry.submission.backend) for w in works]
     batches: dict[tuple[int, str], list[int]] = {}
-    for i, work in enumerate(works):
-        acceptance = acceptance_for(work.entry.submission.backend)
+    for i, (work, acceptance) in enumerate(zip(works, bands, strict=True)):
         if acceptance is None:
             refusal = Refusal(
                 "malformed", f"no calibrated limits for backend {work.entry.submission.backend!r}"
             )
-            out[i] = Judgement("reject", refusal=refusal)
+            out[i] = Decision("reject", refusal, Judgement("reject", refusal=refusal))
             continue
         key = (work.policy.version, work.entry.submission.precision)
         batches.setdefault(key, []).append(i)
@@ -542,25 +567,41 @@ def verify_batch(
         except Exception:  # noqa: BLE001 - one bad group must not sink the batch
             recs = [None] * len(group)
         proofs: list[list[VerifyResult] | None] = [None] * len(group)
-        ready = [j for j, r in enumerate(recs) if r is not None]
-        try:
-            checked = check_proofs(
-                [group[j] for j in ready],
-                [recs[j] for j in ready],  # type: ignore[misc]
-                acceptance_for(group[0].entry.submission.backend),  # type: ignore[arg-type]
-            )
-            for j, res in zip(ready, checked, strict=True):
-                proofs[j] = res
-        except Exception:  # noqa: BLE001 - checked group by group below
-            pass
+        # One proof check per engine's gross limits: a batch may mix engines.
+        by_backend: dict[str, list[int]] = {}
+        for j, r in enumerate(recs):
+            if r is not None:
+                by_backend.setdefault(group[j].entry.submission.backend, []).append(j)
+        for ready in by_backend.values():
+            try:
+                checked = check_proofs(
+                    [group[j] for j in ready],
+                    [recs[j] for j in ready],  # type: ignore[misc]
+                    bands[idx[ready[0]]],  # type: ignore[arg-type]
+                )
+                for j, res in zip(ready, checked, strict=True):
+                    proofs[j] = res
+            except Exception:  # noqa: BLE001 - checked group by group below
+                pass
         for j, (i, work) in enumerate(zip(idx, group, strict=True)):
             same = device_class is not None and work.entry.submission.device_class == device_class
-            out[i] = judge_one(work, recs[j], proofs[j], reward_tolerance, length, recheck, same)
-    return [j for j in out if j is not None]
+            judgement = judge_one(
+                work,
+                bands[i],
+                recs[j],
+                proofs[j],
+                reward_tolerance,
+                length,
+                recheck,
+                same,  # type: ignore[arg-type]
+            )
+            out[i] = decide(judgement, work.entry.submission.device_class, device_class)
+    return [d for d in out if d is not None]
 
 
 def judge_one(
     work: Work,
+    acceptance: Acceptance,
     recs: Sequence[Recomputed] | None,
     proofs: Sequence[VerifyResult] | None,
     reward_tolerance: float,
@@ -568,10 +609,8 @@ def judge_one(
     recheck: bool,
     same_class: bool = False,
 ) -> Judgement:
-    """One group's verdict, recomputing what the batch could not; a validator failure on a
-    submission's input is that submission's `malformed` refusal."""
-    acceptance = acceptance_for(work.entry.submission.backend)
-    assert acceptance is not None
+    """One group's first opinion (and a suspect's second), recomputing what the batch could
+    not; a validator failure on a submission's input is that submission's `malformed` refusal."""
     try:
         if recs is None:
             recs = recompute(work.policy.lm, work.pairs(), work.entry.submission.precision)
@@ -593,10 +632,10 @@ Settled = Literal["accept", "reject", "held"]
 
 
 def settle(judgement: Judgement, same_device_class: bool) -> Settled:
-    """The verdict a service acts on. A suspect is accepted when the second opinion clears it;
-    rejected (and slashed) only when that opinion, recomputed on the worker's declared device
-    class, also fails it; otherwise held: neither trained on nor slashed, for a validator of
-    that class to settle."""
+    """The rule that settles a judgement. A suspect is accepted when the second opinion clears
+    it; rejected (and slashed) only when that opinion, recomputed on the worker's declared
+    device class, also fails it; otherwise held: neither trained on nor slashed, for a
+    validator of that class to settle."""
     if judgement.outcome != "suspect":
         return judgement.outcome
     if judgement.rechecked and judgement.second_opinion is None:
@@ -604,3 +643,22 @@ def settle(judgement: Judgement, same_device_class: bool) -> Settled:
     if judgement.rechecked and same_device_class:
         return "reject"
     return "held"
+
+
+def decide(judgement: Judgement, worker_class: str, validator_class: str | None) -> Decision:
+    """The judgement settled, with the refusal the worker and the chain are told."""
+    settled = settle(judgement, worker_class == validator_class)
+    if settled == "accept":
+        return Decision("accept", None, judgement)
+    if settled == "held":
+        second = judgement.second_opinion.detail if judgement.second_opinion else "not rechecked"
+        first = judgement.refusal.detail if judgement.refusal else ""
+        detail = (
+            f"suspect ({first}); the second opinion on {validator_class or 'this validator'} "
+            f"({second}) cannot settle work from {worker_class}: held for a validator of that "
+            "class"
+        )
+        return Decision("hold", Refusal("held_for_recheck", detail), judgement)
+    refusal = judgement.second_opinion or judgement.refusal
+    assert refusal is not None, "a rejected judgement names its refusal"
+    return Decision("reject", refusal, judgement)

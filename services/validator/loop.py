@@ -184,15 +184,15 @@ class Validator:
 
         if works:
             t0 = time.monotonic()
-            judged = verify.verify_batch(
+            decisions = verify.verify_batch(
                 [w for _, w in works],
                 self.settings.reward_tolerance,
                 self.settings.recipe.length_reward,
                 device_class=self.device_class,
             )
             metrics.PREFILL_SECONDS.observe(time.monotonic() - t0)
-            for (entry_id, work), judgement in zip(works, judged, strict=True):
-                decided = self._decide(entry_id, work.entry, judgement)
+            for (entry_id, work), decision in zip(works, decisions, strict=True):
+                decided = self._decide(entry_id, work.entry, decision)
                 if work.entry.audit and decided.verdict.accepted:
                     # Attested when first accepted: a passed spot check pays nothing twice.
                     metrics.AUDITS.labels("passed").inc()
@@ -208,37 +208,25 @@ class Validator:
         if versions and current >= 0:
             metrics.VERSION_LAG.set(current - sum(versions) / len(versions))
 
-    def _decide(self, entry_id: str, msg: SubmittedRollout, j: verify.Judgement) -> Decided:
-        """The settled verdict: a suspect's second opinion decides, and only a second opinion
-        recomputed on the worker's declared device class may slash."""
-        final = verify.settle(j, msg.submission.device_class == self.device_class)
-        if j.outcome == "suspect":
-            metrics.SUSPECTS.labels(final).inc()
+    def _decide(self, entry_id: str, msg: SubmittedRollout, d: verify.Decision) -> Decided:
+        """The settled decision encoded: a verdict, and the trainer's rollout when accepted."""
+        if d.suspect:
+            j = d.judgement
+            metrics.SUSPECTS.labels("held" if d.action == "hold" else d.action).inc()
             log.info(
                 "suspect",
                 extra={
                     "fields": {
                         "worker": msg.submission.worker,
-                        "settled": final,
+                        "settled": d.action,
                         "first": j.refusal.detail if j.refusal else "",
                         "second": j.second_opinion.detail if j.second_opinion else "cleared",
                     }
                 },
             )
-        if final == "accept":
-            verdict = self._verdict(msg, None, j.completions)
-            return Decided(entry_id, msg, verdict, self._verified(msg, verdict, j.completions))
-        if final == "held":
-            second = j.second_opinion.detail if j.second_opinion else "not rechecked"
-            detail = (
-                f"suspect ({j.refusal.detail if j.refusal else ''}); the second opinion on "
-                f"{self.device_class} ({second}) cannot settle work from "
-                f"{msg.submission.device_class}: held for a validator of that class"
-            )
-            return Decided(entry_id, msg, self._verdict(msg, Refusal("held_for_recheck", detail)))
-        assert j.refusal is not None
-        rej = j.second_opinion or j.refusal
-        return Decided(entry_id, msg, self._verdict(msg, rej))
+        verdict = self._verdict(msg, d.refusal, d.completions)
+        verified = self._verified(msg, verdict, d.completions) if d.action == "accept" else None
+        return Decided(entry_id, msg, verdict, verified)
 
     def _audited(self, msg: SubmittedRollout, verdict: Verdict) -> bool:
         """Whether accepted work is also spot-checked by a validator of its declared class.

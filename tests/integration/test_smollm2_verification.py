@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lease_answers import answer_lease
 
 from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.model.causal_lm import CausalLM
@@ -22,9 +23,8 @@ from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.io import load_pretrained
 from prime_swarm.libs.policy.store import LoadedPolicy
-from prime_swarm.libs.rollout.answer import answer_lease
 from prime_swarm.libs.rollout.recompute import prefill_hidden
-from prime_swarm.libs.rollout.verify import Work, settle, verify_batch
+from prime_swarm.libs.rollout.verify import Work, verify_batch
 from prime_swarm.protocol.messages import Lease, SamplingParams, SubmittedRollout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -116,8 +116,9 @@ def test_honest_bf16_work_passes_and_int8_weights_do_not(policy: LoadedPolicy) -
         submission_id="int8", lease=leased, submission=answer_lease(int8, leased, HFBackend("bf16"))
     )
     ok, bad = verify_batch([Work(honest, policy), Work(cheat, policy)], device_class=HERE)
-    assert settle(ok, True) == "accept", ok.refusal
-    assert ok.evidence is not None and ok.evidence.same_class_err == 0.0
-    assert 0.8 < ok.evidence.weight_ratio < 1.2
-    assert settle(bad, True) == "reject"
-    assert bad.evidence is not None and bad.evidence.weight_ratio > 1.5
+    assert ok.action == "accept", ok.refusal
+    ok_ev, bad_ev = ok.judgement.evidence, bad.judgement.evidence
+    assert ok_ev is not None and ok_ev.same_class_err == 0.0
+    assert 0.8 < ok_ev.weight_ratio < 1.2
+    assert bad.action == "reject"
+    assert bad_ev is not None and bad_ev.weight_ratio > 1.5

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 from echo_env import EchoCount, registered
+from lease_answers import answer_lease
 from pydantic import ValidationError
 
 from prime_swarm.libs.environments import load_env
@@ -17,15 +18,21 @@ from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.model.hf_backend import HFBackend
-from prime_swarm.libs.model.noise import gumbel_noise, gumbel_rows, perturbed_scores
+from prime_swarm.libs.model.noise import gumbel_rows, perturbed_scores
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rollout import calibration
 from prime_swarm.libs.rollout.admission import Refusal
-from prime_swarm.libs.rollout.answer import answer_lease
 from prime_swarm.libs.rollout.calibration import Band
 from prime_swarm.libs.rollout.recompute import prefill_hidden, recompute
-from prime_swarm.libs.rollout.verify import Judgement, Work, judge_group, settle, verify_batch
+from prime_swarm.libs.rollout.verify import (
+    Judgement,
+    Work,
+    decide,
+    judge_group,
+    settle,
+    verify_batch,
+)
 from prime_swarm.libs.toploc import build_proof, group_contexts
 from prime_swarm.protocol.messages import Lease, SamplingParams, SubmittedRollout
 
@@ -131,7 +138,7 @@ def tampered(policy: LoadedPolicy, entry: SubmittedRollout) -> SubmittedRollout:
     proof rebuilt for it: right weights, wrong sampling."""
     sub = entry.submission
     tokens = list(sub.completions[0].token_ids)
-    tokens[0] = int(gumbel_noise(entry.lease.seed, 0, 0, 256).argmin())
+    tokens[0] = int(gumbel_rows([(entry.lease.seed, 0, 0)], 256)[0].argmin())
     (hidden,) = prefill_hidden(policy.lm, [(sub.prompt_token_ids, tokens)], "bf16")
     ctx = group_contexts(
         policy.model_hash,
@@ -146,11 +153,12 @@ def tampered(policy: LoadedPolicy, entry: SubmittedRollout) -> SubmittedRollout:
 def test_an_honest_suspect_is_cleared_by_the_second_opinion(
     honest: SubmittedRollout, policy: LoadedPolicy, suspicious: None
 ) -> None:
-    (j,) = verify_batch([Work(honest, policy)])
+    (d,) = verify_batch([Work(honest, policy)])
+    j = d.judgement
     assert j.outcome == "suspect" and j.rechecked and j.second_opinion is None
     # Cleared: accepted with every completion, and no reward lost for having been held.
-    assert settle(j, same_device_class=True) == "accept"
-    assert len(j.completions) == 4
+    assert d.action == "accept" and d.refusal is None
+    assert len(d.completions) == 4
 
 
 def test_an_honest_multi_turn_suspect_is_cleared_by_the_second_opinion(
@@ -160,40 +168,49 @@ def test_an_honest_multi_turn_suspect_is_cleared_by_the_second_opinion(
     never sampled (they trail the seeded choice by whole logits) and are checked exactly by the
     episode replay. Judging them too failed every honest multi-turn suspect, and slashed it on
     the worker's own device class."""
-    (j,) = verify_batch([Work(multi_turn, policy)], device_class=HERE)
+    (d,) = verify_batch([Work(multi_turn, policy)], device_class=HERE)
+    j = d.judgement
     assert j.outcome == "suspect" and j.rechecked
     assert j.second_opinion is None, j.second_opinion
-    assert settle(j, same_device_class=True) == "accept"
+    assert d.action == "accept"
 
 
 def test_a_cheating_suspect_is_slashed_only_by_its_own_device_class(
     honest: SubmittedRollout, policy: LoadedPolicy, suspicious: None
 ) -> None:
-    (j,) = verify_batch([Work(tampered(policy, honest), policy)])
+    (d,) = verify_batch([Work(tampered(policy, honest), policy)])
+    j = d.judgement
     assert j.outcome == "suspect" and j.second_opinion is not None
     assert j.second_opinion.reason == "sampling_mismatch"
     assert "decode" in j.second_opinion.detail
-    assert settle(j, same_device_class=True) == "reject"
+    # Rechecked on the worker's own class: rejected on the second opinion's reason, with
+    # nothing for the trainer.
+    own = decide(j, HERE, HERE)
+    assert own.action == "reject" and own.refusal == j.second_opinion and own.completions == []
     # Declared another class than the validator's: the recheck cannot slash it; it is held.
-    assert settle(j, same_device_class=False) == "held"
+    held = decide(j, "another", HERE)
+    assert held.action == "hold" and held.refusal is not None and held.completions == []
+    assert held.refusal.reason == "held_for_recheck" and "another" in held.refusal.detail
 
 
 def test_without_recheck_a_suspect_is_held(
     honest: SubmittedRollout, policy: LoadedPolicy, suspicious: None
 ) -> None:
-    (j,) = verify_batch([Work(honest, policy)], recheck=False)
-    assert j.outcome == "suspect" and not j.rechecked
-    assert settle(j, same_device_class=True) == "held"
+    (d,) = verify_batch([Work(honest, policy)], recheck=False)
+    assert d.judgement.outcome == "suspect" and not d.judgement.rechecked
+    assert d.action == "hold" and d.completions == []
 
 
 def test_at_real_limits_the_tampered_token_is_rejected_outright(
     honest: SubmittedRollout, policy: LoadedPolicy
 ) -> None:
     (ok,) = verify_batch([Work(honest, policy)])
-    assert ok.outcome == "accept", ok.refusal
-    assert ok.evidence is not None and 0.5 < ok.evidence.weight_ratio < 1.5
+    assert ok.action == "accept", ok.refusal
+    ev = ok.judgement.evidence
+    assert ev is not None and 0.5 < ev.weight_ratio < 1.5
     (bad,) = verify_batch([Work(tampered(policy, honest), policy)])
-    assert bad.outcome == "reject" and bad.refusal is not None
+    assert bad.action == "reject" and bad.judgement.outcome == "reject"
+    assert bad.refusal is not None
     assert bad.refusal.reason == "sampling_mismatch" and "token 0" in bad.refusal.detail
 
 
@@ -238,14 +255,15 @@ def test_a_near_tie_that_honest_noise_cannot_flip_is_a_sampling_cheat(
     of 1.0 let such flips through on a peaked model)."""
     limits = calibration.ACCEPTANCE
     (ok,) = verify_batch([Work(honest, policy)], device_class=HERE)
-    assert ok.evidence is not None and ok.evidence.max_replay_z <= limits.replay_z.accept_at_most
+    ev = ok.judgement.evidence
+    assert ev is not None and ev.max_replay_z <= limits.replay_z.accept_at_most
     cheat, gap = runner_up(policy, honest)
-    (j,) = verify_batch([Work(cheat, policy)], device_class=HERE)
-    assert j.evidence is not None and j.evidence.max_replay_gap == pytest.approx(gap, abs=1e-3)
-    assert j.evidence.max_replay_z > limits.replay_z.accept_at_most
-    assert settle(j, same_device_class=True) == "reject"
-    why = j.second_opinion or j.refusal
-    assert why is not None and why.reason == "sampling_mismatch"
+    (d,) = verify_batch([Work(cheat, policy)], device_class=HERE)
+    ev = d.judgement.evidence
+    assert ev is not None and ev.max_replay_gap == pytest.approx(gap, abs=1e-3)
+    assert ev.max_replay_z > limits.replay_z.accept_at_most
+    assert d.action == "reject"
+    assert d.refusal is not None and d.refusal.reason == "sampling_mismatch"
 
 
 def test_a_proof_over_only_the_mantissa_limits_is_a_suspect_not_a_slash(
@@ -260,10 +278,11 @@ def test_a_proof_over_only_the_mantissa_limits_is_a_suspect_not_a_slash(
     monkeypatch.setattr(
         calibration, "ACCEPTANCE", calibration.ACCEPTANCE.model_copy(update={"gross": strict})
     )
-    (j,) = verify_batch([Work(honest, policy)], device_class=HERE)
+    (d,) = verify_batch([Work(honest, policy)], device_class=HERE)
+    j = d.judgement
     assert j.outcome == "suspect" and j.refusal is not None and "mantissa" in j.refusal.detail
     assert j.rechecked and j.second_opinion is None
-    assert settle(j, same_device_class=True) == "accept"
+    assert d.action == "accept"
     sub = honest.submission
     other = CausalLM(init_tiny_model(2), build_tokenizer())  # other weights' states, same tokens
     (hidden,) = prefill_hidden(other, [(sub.prompt_token_ids, sub.completions[0].token_ids)])
@@ -276,7 +295,8 @@ def test_a_proof_over_only_the_mantissa_limits_is_a_suspect_not_a_slash(
         update={"submission": honest.submission.model_copy(update={"completions": comps})}
     )
     (bad,) = verify_batch([Work(forged, policy)], device_class=HERE)
-    assert bad.outcome == "reject" and bad.refusal is not None
+    assert bad.action == "reject" and bad.judgement.outcome == "reject"
+    assert bad.refusal is not None
     assert bad.refusal.reason == "bad_proof" and "exponent" in bad.refusal.detail
 
 
@@ -287,8 +307,8 @@ def test_a_near_tie_is_judged_by_the_band_of_who_could_have_rounded_it(
     bench/toploc/multi_turn.py): a suspect on the validator's own class and engine, where honest
     flips stay under 6, but within the honest spread of another class or of vLLM's kernels."""
     (ok,) = verify_batch([Work(honest, policy)], device_class=HERE)
-    assert ok.evidence is not None and ok.evidence.same_class_err is not None
-    ev = ok.evidence
+    ev = ok.judgement.evidence
+    assert ev is not None and ev.same_class_err is not None
     ev.completions[0] = replace(ev.completions[0], max_replay_z=8.3, max_replay_gap=0.03)
     hf, vllm = calibration.acceptance_for("hf"), calibration.acceptance_for("vllm")
     assert hf is not None and vllm is not None

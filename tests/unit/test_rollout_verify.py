@@ -8,25 +8,24 @@ import time
 
 import pytest
 import torch
+from lease_answers import answer_lease
 
 from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.model.hf_backend import HFBackend
-from prime_swarm.libs.model.noise import gumbel_noise
+from prime_swarm.libs.model.noise import gumbel_rows
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rollout import calibration
 from prime_swarm.libs.rollout.admission import Refusal, check_admission
-from prime_swarm.libs.rollout.answer import answer_lease
 from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.rollout.recompute import prefill_hidden
 from prime_swarm.libs.rollout.verify import (
     Work,
     check_prompt,
     check_shapes,
-    settle,
     verify_batch,
 )
 from prime_swarm.libs.toploc import build_proof, group_contexts
@@ -83,15 +82,13 @@ def run_all(
     check_admission(entry.submission, entry.lease, CURRENT, ASYNC_LEVEL)
     check_prompt(entry, vp.lm)
     check_shapes(entry, vp.lm)
-    (judgement,) = verify_batch(
+    (decision,) = verify_batch(
         [Work(entry, vp)], reward_tolerance=1e-6, device_class=device_class("cpu")
     )
-    final = settle(judgement, entry.submission.device_class == device_class("cpu"))
-    if final != "accept":
-        refusal = judgement.second_opinion or judgement.refusal
-        assert refusal is not None
-        raise refusal
-    return judgement.completions
+    if decision.action != "accept":
+        assert decision.refusal is not None
+        raise decision.refusal
+    return decision.completions
 
 
 def with_completion(entry: SubmittedRollout, i: int, **update: object) -> SubmittedRollout:
@@ -214,7 +211,7 @@ def test_changed_token_with_a_rebuilt_proof_fails_the_sampling_replay(
     tokens = list(c.token_ids)
     # The token the seeded noise disfavours most at that position: on this untrained (nearly
     # flat) model it trails the seeded choice by several units, far outside any tolerance.
-    noise = gumbel_noise(honest.lease.seed, 0, 0, 256)  # byte tokens only: never an EOS
+    noise = gumbel_rows([(honest.lease.seed, 0, 0)], 256)[0]  # byte tokens only: never an EOS
     tokens[0] = int(noise.argmin())
     assert tokens[0] != c.token_ids[0]
     forged = with_completion(
@@ -319,6 +316,6 @@ def test_an_uncalibrated_backend_is_refused(
     monkeypatch.setattr(calibration, "ENGINES", ("hf",))
     assert acceptance_for("vllm") is None
     entry = with_submission(honest, backend="vllm")
-    (judgement,) = verify_batch([Work(entry, policy)])
-    assert judgement.outcome == "reject" and judgement.refusal is not None
-    assert judgement.refusal.reason == "malformed"
+    (decision,) = verify_batch([Work(entry, policy)])
+    assert decision.action == "reject" and decision.refusal is not None
+    assert decision.refusal.reason == "malformed"
