@@ -186,6 +186,18 @@ Precision = Literal["bf16", "fp16", "fp32"]
 ShortText = Annotated[str, Field(max_length=128, pattern=r"^[^\x00-\x1f\x7f]*$")]
 
 
+class WorkerClaim(BaseModel):
+    """Whom a signed worker request is for: the `worker` and `pool_id` that each of them
+    carries (RegisterRequest, Heartbeat, LeaseRequest, RolloutSubmission, SubmissionBatch).
+    Read on its own, the rest of the body ignored, so that the orchestrator identifies the
+    caller before the whole body is validated."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    worker: Address
+    pool_id: int = Field(ge=1)
+
+
 class RegisterRequest(Versioned):
     worker: Address
     pool_id: int = Field(ge=1)

@@ -1,4 +1,5 @@
-"""The worker-facing API. Every route is signed; the signer must be the worker named in the body."""
+"""The worker-facing API. Every route is signed; the signer must be the worker named in the body
+(services/orchestrator/deps.py checks the caller before a route runs)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ import logging
 
 from fastapi import APIRouter, HTTPException
 
-from prime_swarm.libs.chain.errors import ChainError
-from prime_swarm.libs.guard.ratelimit import Limited
 from prime_swarm.libs.rollout.admission import (
     Refusal,
     check_admission,
@@ -30,10 +29,18 @@ from prime_swarm.protocol.messages import (
     SubmitResult,
     SubmittedRollout,
 )
-from prime_swarm.protocol.signing import AuthError, require_signer_is
 
 from . import metrics
-from .deps import Pool, PoolDep, Signer, rate_limited, refuse
+from .deps import (
+    Caller,
+    Pool,
+    PoolDep,
+    RegisteredWorker,
+    RouteName,
+    StandingWorker,
+    refuse,
+    require_standing,
+)
 from .state import Admission
 
 log = logging.getLogger("orchestrator")
@@ -44,62 +51,25 @@ REFUSAL_STATUS = {"stale_policy": 409}
 NOT_REPLICATED = "not_replicated"
 
 
-def check_identity(route: str, signer: str, worker: str, pool: Pool, pool_id: int) -> None:
-    try:
-        require_signer_is(signer, worker)
-    except AuthError as exc:
-        raise refuse(route, exc.status, exc.reason, "foreign_signer") from exc
-    if pool_id != pool.settings.pool_id:
-        raise refuse(
-            route, 404, f"this orchestrator serves pool {pool.settings.pool_id}", "wrong_pool"
-        )
-
-
-async def check_registered(route: str, pool: Pool, worker: str) -> None:
-    if not await pool.workers.is_registered(worker):
-        raise refuse(
-            route, 403, "worker is not registered; call /v1/register first", "not_registered"
-        )
-
-
-async def check_standing(route: str, pool: Pool, worker: str) -> None:
-    """Stake is enforced on every lease and submission, not only at registration: a worker who
-    left (unbonding) or was slashed below the minimum stops here within `standing_cache_s`."""
-    try:
-        standing = await pool.standing.of(worker)
-    except Limited as exc:
-        raise rate_limited(route, exc) from None
-    except ChainError as exc:  # the node is down or slow: the worker should retry, not give up
-        log.warning("standing lookup failed: %s", exc)
-        raise refuse(
-            route,
-            503,
-            "the pool's chain node is unreachable; retry",
-            "chain_unavailable",
-            headers={"Retry-After": "5"},
-        ) from None
-    if not standing.ok:
-        raise refuse(route, 403, standing.explain(worker, pool.settings.pool_id), standing.verdict)
-
-
 @router.post("/register", response_model=RegisterReply, name="registration")
-async def register(body: RegisterRequest, signer: Signer, pool: PoolDep) -> RegisterReply:
-    check_identity("registration", signer, body.worker, pool, body.pool_id)
+async def register(
+    body: RegisterRequest, worker: Caller, pool: PoolDep, route: RouteName
+) -> RegisterReply:
     if acceptance_for(body.backend) is None:
         raise refuse(
-            "registration",
+            route,
             422,
             f"this pool has no calibrated proof limits for backend {body.backend!r}",
             "unsupported_backend",
         )
-    pool.standing.forget(body.worker)  # a worker registering has often just staked
-    await check_standing("registration", pool, body.worker)
+    pool.standing.forget(worker)  # a worker registering has often just staked
+    await require_standing(route, pool, worker)
     metrics.WORKERS_SEEN.set(
-        await pool.workers.register(body.worker, body.hardware, body.backend, body.device)
+        await pool.workers.register(worker, body.hardware, body.backend, body.device)
     )
-    log.info("worker registered", extra={"fields": {"worker": body.worker}})
+    log.info("worker registered", extra={"fields": {"worker": worker}})
     return RegisterReply(
-        worker=body.worker,
+        worker=worker,
         pool_id=body.pool_id,
         heartbeat_interval_s=pool.settings.heartbeat_interval_s,
         policy=await pool.policy.info(),
@@ -107,10 +77,9 @@ async def register(body: RegisterRequest, signer: Signer, pool: PoolDep) -> Regi
 
 
 @router.post("/heartbeat", response_model=HeartbeatReply)
-async def heartbeat(body: Heartbeat, signer: Signer, pool: PoolDep) -> HeartbeatReply:
-    check_identity("heartbeat", signer, body.worker, pool, body.pool_id)
-    await check_registered("heartbeat", pool, body.worker)
-    await pool.workers.seen(body.worker)
+async def heartbeat(body: Heartbeat, worker: RegisteredWorker, pool: PoolDep) -> HeartbeatReply:
+    # `body` says nothing beyond its caller; declared so that it is validated all the same.
+    await pool.workers.seen(worker)
     ann = await pool.policy.latest()
     if ann is not None:
         metrics.POLICY_VERSION.set(ann.version)
@@ -118,10 +87,9 @@ async def heartbeat(body: Heartbeat, signer: Signer, pool: PoolDep) -> Heartbeat
 
 
 @router.post("/lease", response_model=LeaseReply)
-async def lease(body: LeaseRequest, signer: Signer, pool: PoolDep) -> LeaseReply:
-    check_identity("lease", signer, body.worker, pool, body.pool_id)
-    await check_registered("lease", pool, body.worker)
-    await check_standing("lease", pool, body.worker)
+async def lease(
+    body: LeaseRequest, worker: StandingWorker, pool: PoolDep, route: RouteName
+) -> LeaseReply:
     info = await pool.policy.info()
     if info is None:
         return LeaseReply(retry_after_s=1.0)
@@ -129,19 +97,19 @@ async def lease(body: LeaseRequest, signer: Signer, pool: PoolDep) -> LeaseReply
         check_version(body.policy_version, info.version, pool.settings.recipe.async_level)
     except Refusal as exc:
         status = REFUSAL_STATUS.get(exc.reason, 422)
-        raise refuse("lease", status, f"{exc.detail}; fetch v{info.version}", exc.reason) from exc
+        raise refuse(route, status, f"{exc.detail}; fetch v{info.version}", exc.reason) from exc
     settings = pool.settings
-    if await pool.leases.open_count(body.worker) >= settings.max_open_leases_per_worker:
+    if await pool.leases.open_count(worker) >= settings.max_open_leases_per_worker:
         raise refuse(
-            "lease", 429, "too many open leases; submit or let them expire", "too_many_leases"
+            route, 429, "too many open leases; submit or let them expire", "too_many_leases"
         )
-    live = await pool.workers.seen_and_live(body.worker)
+    live = await pool.workers.seen_and_live(worker)
     cap = min(
         settings.max_open_leases_per_worker,
         fair_share(settings.max_in_flight_groups, live, settings.lease_spread),
     )
     issued, in_flight = await pool.leases.issue(
-        body.worker, settings.pool_id, info.min_version, body.count, cap
+        worker, settings.pool_id, info.min_version, body.count, cap
     )
     metrics.IN_FLIGHT.set(in_flight + len(issued))
     if not issued:  # enough work in flight: the trainer would only see it stale
@@ -151,24 +119,21 @@ async def lease(body: LeaseRequest, signer: Signer, pool: PoolDep) -> LeaseReply
 
 
 @router.post("/submit", response_model=SubmitReply)
-async def submit(body: RolloutSubmission, signer: Signer, pool: PoolDep) -> SubmitReply:
-    check_identity("submit", signer, body.worker, pool, body.pool_id)
-    await check_registered("submit", pool, body.worker)
-    await check_standing("submit", pool, body.worker)
-    return SubmitReply(submission_id=await admit("submit", body, pool))
+async def submit(
+    body: RolloutSubmission, worker: StandingWorker, pool: PoolDep, route: RouteName
+) -> SubmitReply:
+    return SubmitReply(submission_id=await admit(route, body, pool))
 
 
 @router.post("/submit/batch", response_model=SubmitBatchReply, name="submit_batch")
-async def submit_batch(body: SubmissionBatch, signer: Signer, pool: PoolDep) -> SubmitBatchReply:
+async def submit_batch(
+    body: SubmissionBatch, worker: StandingWorker, pool: PoolDep, route: RouteName
+) -> SubmitBatchReply:
     """Each submission is admitted or refused on its own, exactly as `/v1/submit` would."""
-    route = "submit_batch"
-    check_identity(route, signer, body.worker, pool, body.pool_id)
-    await check_registered(route, pool, body.worker)
-    await check_standing(route, pool, body.worker)
     results = []
     for sub in body.submissions:
         try:
-            if sub.worker != body.worker or sub.pool_id != body.pool_id:
+            if sub.worker != worker or sub.pool_id != body.pool_id:
                 raise refuse(route, 403, "a batch carries its signer's own work only", "foreign")
             sid = await admit(route, sub, pool)
             results.append(SubmitResult(lease_id=sub.lease_id, status=200, submission_id=sid))

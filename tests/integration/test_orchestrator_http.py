@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from eth_account import Account
 
 from prime_swarm.libs.chain.anvil import Anvil
 from prime_swarm.libs.localnet.redis_server import RedisServer
@@ -86,6 +87,37 @@ def test_acting_for_another_worker_is_403(pool: dict) -> None:
     with pytest.raises(OrchestratorError) as err:
         c.register(_register(pool, pool["member"].address))
     assert err.value.status == 403 and err.value.reason == "foreign_signer"
+
+
+def test_every_signed_route_serves_only_its_own_registered_members(pool: dict) -> None:
+    """What every signed route checks of its caller, answered and counted alike whichever the
+    route: the signer is the worker named (403 foreign_signer), in this pool (404 wrong_pool),
+    and registered (403 not_registered)."""
+    stranger = Account.create()  # signs for itself, never registered
+    http = httpx.Client(base_url=pool["url"], auth=WorkerAuth(stranger), timeout=10)
+    own, members = body(pool, stranger.address), body(pool, pool["member"].address)
+    answer = {"lease_id": "l", "task_id": "t", "policy_version": 5, "prompt_token_ids": [1]}
+    answer["completions"] = [{"token_ids": [1], "finish_reason": "eos", "proof": "cA=="}]
+    cases = [
+        ("/v1/heartbeat", own, 403, "not_registered"),
+        ("/v1/lease", {**own, "policy_version": 5}, 403, "not_registered"),
+        ("/v1/submit", {**own, **answer}, 403, "not_registered"),
+        ("/v1/submit/batch", {**own, "submissions": [{**own, **answer}]}, 403, "not_registered"),
+        ("/v1/heartbeat", {**own, "pool_id": pool["pool_id"] + 1}, 404, "wrong_pool"),
+        ("/v1/lease", {**members, "policy_version": 5}, 403, "foreign_signer"),
+        (
+            "/v1/submit/batch",
+            {**members, "submissions": [{**members, **answer}]},
+            403,
+            "foreign_signer",
+        ),
+    ]
+    for path, sent, status, reason in cases:
+        resp = http.post(path, json=sent)
+        assert (resp.status_code, resp.json()["detail"]["reason"]) == (status, reason), path
+    metrics = httpx.get(f"{pool['url']}/metrics", timeout=10).text
+    for route in ("heartbeat", "lease", "submit", "submit_batch"):
+        assert f'orchestrator_refused_total{{reason="not_registered",route="{route}"}}' in metrics
 
 
 def test_registration_needs_stake_on_chain(pool: dict) -> None:
