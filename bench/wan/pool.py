@@ -30,7 +30,7 @@ from prime_swarm.deploy.testbed.net import LiveTestbed
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.rl.checkpoint import model_dir
 from prime_swarm.protocol import streams
-from prime_swarm.protocol.messages import SubmittedRollout
+from prime_swarm.protocol.messages import SubmittedRollout, normal_address
 
 from .delivery import log
 
@@ -136,7 +136,7 @@ def run(work: Path, live: LiveTestbed | None) -> dict[str, Any]:
         by_worker: dict[str, list[float]] = defaultdict(list)
         for _, fields in r.xrange(streams.ROLLOUTS_SUBMITTED):
             sub = streams.decode(SubmittedRollout, fields)
-            by_worker[sub.submission.worker.lower()].append(sub.received_at)
+            by_worker[sub.submission.worker].append(sub.received_at)
         r.close()
         out = {
             "wall_s": round(time.time() - started, 1),
@@ -161,7 +161,8 @@ def run(work: Path, live: LiveTestbed | None) -> dict[str, Any]:
                 "at_s": round(cut["at"] - started, 1),
                 "cut_workers": len(cut_workers),
                 "resumed_workers": sum(
-                    any(t > cut["healed"] for t in by_worker[w.lower()]) for w in cut_workers
+                    any(t > cut["healed"] for t in by_worker[normal_address(w)])
+                    for w in cut_workers
                 ),
             }
     finally:
