@@ -96,12 +96,6 @@ class Role:
     def commands(self) -> frozenset[str]:
         return frozenset(self.keyless).union(*(g.commands for g in self.grants))
 
-    def allows(self, command: str, key: str) -> bool:
-        """Whether a grant holds `command` on `key` (glob `*` patterns only, as used here)."""
-        return any(
-            command in g.commands and any(_glob(p, key) for p in g.keys) for g in self.grants
-        )
-
     def acl_line(self, password: str) -> str:
         digest = password_digest(password)
         rules = [
@@ -123,12 +117,6 @@ def password_digest(password: str) -> str:
 def pattern(key_template: str) -> str:
     """`validator:worker:{worker}` -> `validator:worker:*`: exactly the keys of one template."""
     return re.sub(r"\{[^}]*\}", "*", key_template)
-
-
-def _glob(pattern: str, key: str) -> bool:
-    if pattern.endswith("*"):
-        return key.startswith(pattern[:-1])
-    return key == pattern
 
 
 # The orchestrator owns the prefixes of its keys (services/orchestrator/state.py, request nonces,

@@ -182,9 +182,6 @@ class Pool:
         host = self.url if self.replicas == 1 else f"http://127.0.0.1:{port}"
         self.processes[replica].wait_http(f"{host}/healthz", timeout_s)
 
-    def ledger_as(self, account: LocalAccount | None) -> LedgerClient:
-        return LedgerClient(self.rpc_url, self.ledger, account=account, timeout=30)
-
     def stop(self) -> None:
         if self.balancer is not None:
             self.balancer.stop()

@@ -226,10 +226,6 @@ class Anvil:
             self._log.close()
             self._log = None
 
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
     def __enter__(self) -> Anvil:
         return self.start()
 

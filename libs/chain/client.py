@@ -37,7 +37,6 @@ from .models import (
     SlashResult,
     TxInfo,
     Work,
-    WorkCreditedEvent,
     WorkerSlashedEvent,
 )
 from .transactions import Buildable, TxSender, chain_errors, make_web3
@@ -187,9 +186,6 @@ class LedgerClient:
             reporter_bps=reporter_bps,
             burn_slashed=burn,
         )
-
-    def pool_count(self) -> int:
-        return self._call("pool_count", lambda f: f.pool_count())
 
     def pool_funds(self, pool_id: int) -> int:
         return self._call("pool_funds", lambda f: f.pool_funds(pool_id))
@@ -420,21 +416,6 @@ class LedgerClient:
             raise ChainError(f"batch {batch_id} of pool {pool_id}: calldata does not match root")
         return items
 
-    def verify_item(self, pool_id: int, batch_id: int, item: Work, proof: Sequence[bytes]) -> bool:
-        """The ledger's own answer: was `item` credited in the batch?"""
-        return self._call(
-            "verify_item",
-            lambda f: f.verify_item(
-                pool_id, batch_id, to_address(item.worker), item.work_id, item.units, list(proof)
-            ),
-        )
-
-    def is_settled(self, pool_id: int, worker: str, work_id: int) -> bool:
-        """Whether item `work_id` of `worker` is attested or slashed (either is final)."""
-        return self._call(
-            "is_settled", lambda f: f.is_settled(pool_id, to_address(worker), work_id)
-        )
-
     def work_id_floor(self, pool_id: int, worker: str) -> int:
         """One past the highest work id settled for `worker` (0: none): where an orchestrator
         that lost its counter resumes numbering."""
@@ -501,35 +482,6 @@ class LedgerClient:
                     argument_filters=argument_filters or None,
                 )
             )
-
-    def confirmed_events(
-        self, name: str, from_block: int, confirmations: int = 0, **argument_filters: Any
-    ) -> tuple[list[EventData], int]:
-        """Logs of `name` from `from_block` up to `confirmations` blocks below the head, and the
-        block to read from next time: a follower that only acts on logs a reorg of fewer than
-        `confirmations` blocks cannot undo, and never reads a block twice."""
-        if confirmations < 0:
-            raise ChainError(f"confirmations must be >= 0, got {confirmations}")
-        last = self.block_number() - confirmations
-        if last < from_block:
-            return [], from_block
-        evs = self.events(name, from_block=from_block, to_block=last, **argument_filters)
-        return evs, last + 1
-
-    def work_credited_events(
-        self,
-        pool_id: int,
-        from_block: BlockIdentifier = 0,
-        to_block: BlockIdentifier = "latest",
-        worker: str | None = None,
-    ) -> list[WorkCreditedEvent]:
-        filters = _filters(pool_id=pool_id, worker=worker and to_address(worker))
-        return [
-            WorkCreditedEvent(**_event_fields(ev))
-            for ev in self.events(
-                "WorkCredited", from_block=from_block, to_block=to_block, **filters
-            )
-        ]
 
     def worker_slashed_events(
         self,

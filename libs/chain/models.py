@@ -134,19 +134,6 @@ class SlashResult:
 
 
 @dataclass(frozen=True)
-class WorkCreditedEvent:
-    pool_id: int
-    worker: str
-    batch_id: int
-    items: int
-    units: int
-    reward: int
-    block_number: int
-    tx_hash: str
-    log_index: int
-
-
-@dataclass(frozen=True)
 class WorkerSlashedEvent:
     pool_id: int
     worker: str

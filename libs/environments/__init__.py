@@ -8,12 +8,6 @@ a validator re-derives the prompt and recomputes the reward of every rollout it 
 from prime_swarm.libs.environments.base import SPLITS, Env, Split, Task
 from prime_swarm.libs.environments.registry import EnvLoadError, env_factory, installed, load_env
 
-
-def env_for_task(task_id: str) -> Env:
-    """The default-argument environment a task id belongs to (ids start with the env name)."""
-    return load_env(task_id.split("/", 1)[0])
-
-
 __all__ = [
     "SPLITS",
     "Env",
@@ -21,7 +15,6 @@ __all__ = [
     "Split",
     "Task",
     "env_factory",
-    "env_for_task",
     "installed",
     "load_env",
 ]

@@ -119,9 +119,6 @@ class RedisHA:
         hosts = ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
         self.url = f"redis+sentinel://{hosts}/{SERVICE}/0"
 
-    def url_for(self, user: str, password: str) -> str:
-        return self.url.replace("://", f"://{user}:{password}@", 1)
-
     # ------------------------------------------------------------------ who is who
     @staticmethod
     def _sentinel(port: int) -> redis.Redis:

@@ -30,9 +30,9 @@ class RedisServer:
         restarts (Sentinel rewrites it when it turns a primary into a replica: a restarted node
         must come back as what it was made, not as what its first command line said).
         `acl_file`: users as in deployments (deploy/redis_acl.py); `url` then authenticates
-        as nobody, so connect with `url_for(user, password)`. `argv_prefix` starts it elsewhere
-        (`ip netns exec NS`: a host of a testbed), bound to `bind`; `address` is then where
-        others reach it (the testbed's route to it)."""
+        as nobody, and a client logs in with `redis://user:password@...`. `argv_prefix` starts
+        it elsewhere (`ip netns exec NS`: a host of a testbed), bound to `bind`; `address` is
+        then where others reach it (the testbed's route to it)."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server not found; run `make setup` (installs it)")
@@ -82,9 +82,6 @@ class RedisServer:
         self.process.kill()
         self.process = self.process.respawn()
         self.process.wait_until(self._ping, 30.0, "answering PING after a restart")
-
-    def url_for(self, user: str, password: str) -> str:
-        return f"redis://{user}:{password}@{self.host}:{self.public_port}/0"
 
     def client(self) -> redis.Redis:
         return redis.Redis.from_url(self.url, socket_timeout=10)

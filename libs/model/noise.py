@@ -112,13 +112,6 @@ def gumbel_rows(
     return torch.stack([table[o : o + vocab_size] for o in (row_offset(*r) for r in rows)])
 
 
-def gumbel_noise(
-    seed: int, sample_index: int, position: int, vocab_size: int, device: torch.device | str = "cpu"
-) -> torch.Tensor:
-    """Noise [vocab_size] for one (seed, sample, position)."""
-    return gumbel_rows([(seed, sample_index, position)], vocab_size, device)[0]
-
-
 def perturbed_scores(
     logits: torch.Tensor, temperature: float, noise: torch.Tensor | None
 ) -> torch.Tensor:

@@ -25,7 +25,6 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
-    set_model_state_dict,
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
@@ -294,14 +293,6 @@ def full_optimizer_state_dict(
         return None
     live = [_local(t) for st in optimizer.state.values() for t in st.values() if torch.is_tensor(t)]
     return _unshared(sd, live)
-
-
-def load_full_state_dict(
-    lm: CausalLM, state: dict[str, torch.Tensor] | None, ctx: DistContext
-) -> None:
-    """Load a full state dict held by rank 0 (`state` may be None on the other ranks) into the
-    (sharded) model."""
-    set_model_state_dict(lm.module, _for_loading(state, lm, ctx), options=_load(ctx))
 
 
 def load_full_optimizer_state_dict(

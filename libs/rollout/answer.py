@@ -178,14 +178,3 @@ def start_lease(
     policy: LoadedPolicy, lease: Lease, backend: GenerationBackend, builder: ProofBuilder
 ) -> PendingSubmission:
     return start_leases(policy, [lease], backend, builder)[0]
-
-
-def answer_lease(
-    policy: LoadedPolicy, lease: Lease, backend: GenerationBackend
-) -> RolloutSubmission:
-    """Generate and prove one lease, waiting for the proofs."""
-    builder = ProofBuilder()
-    try:
-        return start_lease(policy, lease, backend, builder).result()
-    finally:
-        builder.close()

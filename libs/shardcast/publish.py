@@ -95,12 +95,6 @@ def publish_version(
         )
 
 
-def offer_deltas(manifest: Manifest, model_dir: Path, parent_dir: Path, scratch: Path) -> Manifest:
-    """`manifest` with the deltas of `encode_deltas`."""
-    deltas = encode_deltas(model_dir, parent_dir, scratch, manifest.shard_size)
-    return manifest.model_copy(update={"deltas": deltas})
-
-
 def encode_deltas(
     model_dir: Path, parent_dir: Path, scratch: Path, shard_size: int
 ) -> list[FileDelta]:

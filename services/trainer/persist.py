@@ -102,10 +102,6 @@ class Persister:
         self._thread.join(timeout_s)
         self.raise_if_failed()
 
-    @property
-    def published(self) -> int:
-        return self._published
-
     def _run(self) -> None:
         try:
             while True:

@@ -78,7 +78,7 @@ class LivePool:
         self.pool.restart()
 
     def ledger_as(self, account: LocalAccount) -> LedgerClient:
-        return self.pool.ledger_as(account)
+        return LedgerClient(self.rpc_url, self.ledger, account=account, timeout=30)
 
     def new_member(self) -> LocalAccount:
         """A fresh funded key, staked at the minimum."""

@@ -27,7 +27,6 @@ from prime_swarm.libs.rl.distributed import (
     full_state_dict,
     init_distributed,
     load_full_optimizer_state_dict,
-    load_full_state_dict,
     rank_share,
     shard_model,
 )
@@ -124,10 +123,12 @@ def variant(ctx: DistContext, batch: list[list[Rollout]], cfg: GRPOConfig) -> di
     snapshot = tree_map_only(torch.Tensor, torch.clone, (weights, optim))
 
     # Resume: a fresh sharded model and optimizer loaded from the full state dicts must step
-    # exactly as the original does.
-    resumed = shard_model(_lm(), ctx)
+    # exactly as the original does. As the trainer resumes (services/trainer/loop.py), every
+    # rank holds the saved weights before it shards, and the optimizer's state comes after.
+    plain = _lm()
+    plain.module.load_state_dict(broadcast_batch(weights, ctx))
+    resumed = shard_model(plain, ctx)
     opt2 = _adamw(resumed)
-    load_full_state_dict(resumed, weights, ctx)
     load_full_optimizer_state_dict(resumed, opt2, optim, ctx)
     train_step(lm, opt, batch, cfg, ctx)
     train_step(resumed, opt2, batch, cfg, ctx)

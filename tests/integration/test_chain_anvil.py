@@ -12,10 +12,9 @@ from prime_swarm.libs.chain.anvil import Anvil, AnvilError, rpc_ready
 def test_start_and_stop() -> None:
     node = Anvil(accounts=2)
     with node:
-        assert node.running and rpc_ready(node.rpc_url)
         proc = node._proc
-    assert not node.running
-    assert proc is not None and proc.returncode is not None
+        assert proc is not None and proc.poll() is None and rpc_ready(node.rpc_url)
+    assert proc.returncode is not None
     assert not rpc_ready(node.rpc_url, timeout=0.2)
 
 

@@ -65,14 +65,18 @@ def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamesp
     }
     clients: list[redis.Redis] = []
 
+    def url(role: str, password: str | None = None) -> str:
+        # What a service's entrypoint hands it: the role's login in the URL.
+        login = f"{role}:{password or passwords[role]}"
+        return f"redis://{login}@{server.host}:{server.public_port}/0"
+
     def connect(role: str, password: str | None = None) -> redis.Redis:
-        url = server.url_for(role, password or passwords[role])
-        client = redis.Redis.from_url(url, socket_timeout=10)
+        client = redis.Redis.from_url(url(role, password), socket_timeout=10)
         clients.append(client)
         return client
 
     try:
-        yield SimpleNamespace(server=server, passwords=passwords, connect=connect)
+        yield SimpleNamespace(server=server, passwords=passwords, url=url, connect=connect)
     finally:
         for c in clients:
             c.close()
@@ -88,7 +92,7 @@ def refused(call: Callable[[], object]) -> bool:
 
 
 def test_each_role_does_its_job_with_the_services_code(acl_redis: SimpleNamespace) -> None:
-    orch_url = acl_redis.server.url_for("orchestrator", acl_redis.passwords["orchestrator"])
+    orch_url = acl_redis.url("orchestrator")
     trainer = acl_redis.connect("trainer")
     validator = acl_redis.connect("validator")
 
@@ -295,7 +299,7 @@ def test_the_status_counters_work_under_each_roles_acl(acl_redis: SimpleNamespac
         validator_stats.count_verdict(pipe, verdict)
     pipe.execute()
 
-    orch_url = acl_redis.server.url_for("orchestrator", acl_redis.passwords["orchestrator"])
+    orch_url = acl_redis.url("orchestrator")
 
     async def read_status() -> PoolStatus:
         r = AsyncRedis.from_url(orch_url, socket_timeout=10)

@@ -38,7 +38,8 @@ def password(secrets: Path, role: str) -> str:
 
 
 def as_user(node: RedisServer, secrets: Path, role: str) -> redis.Redis:
-    return redis.Redis.from_url(node.url_for(role, password(secrets, role)), socket_timeout=5)
+    url = f"redis://{role}:{password(secrets, role)}@{node.host}:{node.public_port}/0"
+    return redis.Redis.from_url(url, socket_timeout=5)
 
 
 def until(what: str, probe: Callable[[], object], timeout_s: float) -> object:

@@ -30,7 +30,6 @@ from prime_swarm.libs.rl.distributed import (
     full_state_dict,
     init_distributed,
     load_full_optimizer_state_dict,
-    load_full_state_dict,
     rank_share,
     shard_model,
 )
@@ -146,8 +145,8 @@ def test_single_process_checkpoints_round_trip_without_aliasing() -> None:
     snapshot = tree_map_only(torch.Tensor, torch.clone, (weights, optim))
 
     other = _lm()
+    other.module.load_state_dict(weights)  # as the trainer resumes: the weights come first
     other_opt = make_optimizer(other, lr=1e-3)
-    load_full_state_dict(other, weights, ctx)
     load_full_optimizer_state_dict(other, other_opt, optim, ctx)
     train_step(lm, opt, batch, None, ctx)
     train_step(other, other_opt, batch, None, ctx)

@@ -13,7 +13,7 @@ from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.logprobs import token_logprobs
-from prime_swarm.libs.model.noise import gumbel_noise, gumbel_rows
+from prime_swarm.libs.model.noise import gumbel_rows
 from prime_swarm.libs.model.tokenizer import build_tokenizer, prompt_ids
 from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.rollout.episode import termination_ok
@@ -138,7 +138,7 @@ def test_fp32_cached_decode_equals_a_full_forward(lm: CausalLM, prompts: list[li
             with torch.no_grad():
                 logits = lm.module(torch.tensor([p + c.token_ids])).logits[0, len(p) - 1 : -1]
             for k, t in enumerate(c.token_ids):
-                noise = gumbel_noise(seed, j, k, lm.vocab_size)
+                noise = gumbel_rows([(seed, j, k)], lm.vocab_size)[0]
                 assert int((logits[k] + noise).argmax()) == t
 
 

@@ -15,7 +15,6 @@ from prime_swarm.libs.model.noise import (
     NOISE_TABLE_SIZE,
     build_table,
     exact_log,
-    gumbel_noise,
     gumbel_rows,
     perturbed_scores,
     row_offset,
@@ -96,19 +95,19 @@ def test_exact_log_matches_numpy() -> None:
 
 
 def test_noise_is_a_pure_function_of_its_key() -> None:
-    a = gumbel_noise(12345, 3, 7, 5)
+    a = gumbel_rows([(12345, 3, 7)], 5)[0]
     assert a.dtype == torch.float32
-    assert torch.equal(a, gumbel_noise(12345, 3, 7, 5))
+    assert torch.equal(a, gumbel_rows([(12345, 3, 7)], 5)[0])
     # Pinned: a validator on any machine, in any language, must derive exactly these.
     assert row_offset(12345, 3, 7) == 132314
     assert row_offset(0, 0, 0) == 1532924
     pinned = [0.1519901156, 0.7905269861, 1.8460057974, -0.4027097523, -0.6091043950]
     assert a.tolist() == pytest.approx(pinned, abs=1e-7)
     for other in ((12346, 3, 7), (12345, 4, 7), (12345, 3, 8)):
-        assert not torch.equal(a, gumbel_noise(*other, 5))
+        assert not torch.equal(a, gumbel_rows([other], 5)[0])
     # A larger vocabulary extends the same window rather than reshuffling it.
-    assert torch.equal(gumbel_noise(12345, 3, 7, 9)[:5], a)
-    big = gumbel_noise(2**128 - 1, 0, 0, 1000)
+    assert torch.equal(gumbel_rows([(12345, 3, 7)], 9)[0, :5], a)
+    big = gumbel_rows([(2**128 - 1, 0, 0)], 1000)[0]
     assert torch.isfinite(big).all()
 
 
@@ -130,7 +129,7 @@ def test_windows_wrap_around_the_end_of_the_table(table: np.ndarray) -> None:
     seed = next(s for s in range(10**6) if row_offset(s, 0, 0) > NOISE_TABLE_SIZE - vocab)
     start = row_offset(seed, 0, 0)
     expected = np.concatenate([table[start:], table[: vocab - (NOISE_TABLE_SIZE - start)]])
-    assert np.array_equal(gumbel_noise(seed, 0, 0, vocab).numpy(), expected)
+    assert np.array_equal(gumbel_rows([(seed, 0, 0)], vocab)[0].numpy(), expected)
 
 
 def test_noise_does_not_depend_on_torch_threads(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import redis
 import torch
+from lease_answers import answer_lease
 
 from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.environments.reward import LengthReward
@@ -22,7 +23,6 @@ from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rollout import calibration
-from prime_swarm.libs.rollout.answer import answer_lease
 from prime_swarm.libs.rollout.calibration import Band
 from prime_swarm.libs.streams.consumer import GroupReader
 from prime_swarm.protocol import streams
