@@ -107,7 +107,7 @@ soak: setup
 # Honest workers beside a cheater of each kind and a flooder, against a clean run: writes
 # bench/results/hostile.json and hostile.png (both reward curves); fails if a check does not hold.
 hostile: setup
-	$(PY) bench/hostile_swarm.py $(HOSTILE_ARGS)
+	$(PY) -m bench.hostile $(HOSTILE_ARGS)
 
 test: setup
 	$(PY) -m pytest -q -m "not slow and not compose"
@@ -125,16 +125,16 @@ test-all: setup
 bench: setup bench-rl bench-toploc bench-noise bench-shardcast bench-chain
 
 bench-rl:
-	$(PY) bench/rl_offline.py
+	$(PY) -m bench.rl
 
 # The network at async level 0 and 2 against TRL's GRPOTrainer (the `bench-trainer` extra) on
 # the same model, task and rollout budget; writes bench/results/trainer.json.
 bench-trainer: setup
 	$(PIP) install -q -e ".[bench-trainer]" "$(TORCH_SPEC)"
-	$(PY) bench/trainer_bench.py $(BENCH_ARGS)
+	$(PY) -m bench.trainer $(BENCH_ARGS)
 
 bench-noise:
-	$(PY) bench/noise_bench.py
+	$(PY) -m bench.noise
 
 # The reference TOPLOC (PyPI toploc 0.1.6, tied to torch 2.6.0) lives in a venv of its own.
 TOPLOC_REF := bench/.venv-toploc-ref
@@ -144,14 +144,16 @@ $(TOPLOC_REF)/.installed:
 		|| echo "reference toploc could not be installed; the bench reports it as unavailable"
 	@touch $@
 
+# All in bench/results/toploc.json: verification end to end on the tiny model and its cost; the
+# calibration the acceptance limits are set from (`models`); multi-turn rollouts (`multi_turn`).
 bench-toploc: setup $(TOPLOC_REF)/.installed
-	$(PY) bench/toploc_bench.py
-	$(PY) bench/toploc/models_bench.py
-	$(PY) bench/toploc/multi_turn.py
+	$(PY) -m bench.toploc
+	$(PY) -m bench.toploc.models
+	$(PY) -m bench.toploc.multi_turn
 	@# vLLM provers and cheaters in processes of their own (vLLM patches torch's thread count
 	@# away), one per model: its engine reloads weights in place only within one architecture.
 	for m in tiny depth2 depth8 depth30 smollm2; do \
-		$(PY) bench/toploc/models_bench.py --models $$m --provers vllm-bf16 --cheat-engine vllm \
+		$(PY) -m bench.toploc.models --models $$m --provers vllm-bf16 --cheat-engine vllm \
 			--merge --groups 40 --smollm2-groups 20 --trials 3 --smollm2-trials 2 || exit 1; \
 	done
 
@@ -162,28 +164,28 @@ bench-toploc: setup $(TOPLOC_REF)/.installed
 # Gas per attested rollout by batch size, and of every other ledger function, on anvil;
 # writes bench/results/chain.json.
 bench-chain: setup
-	$(PY) bench/chain_bench.py $(BENCH_ARGS)
+	$(PY) -m bench.chain $(BENCH_ARGS)
 
 # The ledger's rule-based state machine (tests/support/ledger_machine.py) over 20,000 random
 # transactions of the real contract, and once on each planted-bug copy (each must be caught);
 # writes `ledger_invariants` in bench/results/ha.json.
 bench-ledger: setup
-	$(PY) bench/ledger_invariants.py $(BENCH_ARGS)
+	$(PY) -m bench.ledger $(BENCH_ARGS)
 
 # One orchestrator's phases (bench/results/orchestrator.json), then 1, 2 and 3 replicas behind
 # HAProxy under a lease storm of 200 workers, one replica killed mid-storm (`orchestrators` in
 # bench/results/ha.json; docs/high-availability.md).
 bench-orchestrator: setup
 	@$(PIP) install -q py-spy || echo "py-spy unavailable: the bench runs without its profile"
-	$(PY) bench/orchestrator_bench.py $(BENCH_ARGS)
-	$(PY) -m bench.orchestrator_replicas
+	$(PY) -m bench.orchestrator $(BENCH_ARGS)
+	$(PY) -m bench.orchestrator.replicas
 
 # schemathesis against orchestrator, origin and relay, each a real process on 127.0.0.1, 1000
 # generated cases each (signed ones included); writes bench/results/fuzz.json and fails on any
 # 5xx, crash or auth bypass. `make test` runs a 100-case pass (tests/integration/test_fuzz.py).
 FUZZ_ARGS ?=
 fuzz: setup
-	$(PY) bench/fuzz.py $(FUZZ_ARGS)
+	$(PY) -m bench.fuzz $(FUZZ_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -210,5 +212,5 @@ bench-wan: setup
 # relays -> 8 clients on loopback, plus a tc-shaped namespace run where the machine allows it
 # (root). Writes bench/results/shardcast.json; needs wget for the reference clients.
 bench-shardcast: setup
-	$(PY) bench/shardcast_bench.py
-	$(PY) bench/shardcast/delta_bench.py
+	$(PY) -m bench.shardcast
+	$(PY) -m bench.shardcast.delta

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,10 +9,6 @@ import pytest
 import redis
 
 from prime_swarm.libs.localnet.redis_server import RedisServer
-
-# Test helpers that are not fixtures (tests/support/*.py), importable by name: pytest runs with
-# --import-mode=importlib, which puts no test directory on sys.path.
-sys.path.insert(0, str(Path(__file__).with_name("support")))
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ def main() -> int:
     args = p.parse_args()
     account = Account.from_key(os.environ["SC_BENCH_KEY"])
     # The wall-clock start of the publish itself, after this process's imports: a trainer
-    # publishes from a running process (bench/shardcast/delta_bench.py times from here).
+    # publishes from a running process (bench/shardcast/delta.py times from here).
     print(f"publish starts at {time.time():.6f}", flush=True)
     started = time.monotonic()
     publish_version(

@@ -10,11 +10,11 @@ On the 104M Qwen2 the CPU stand-in for another device class (`emu-gpu-bf16`,
 device_emulator.py) runs against the same CPU validator: the comparison its tuning targets. Also
 the time of a GRPO step of the 104M model on the GPU, plain and FSDP2 (one rank).
 
-    python bench/toploc/cross_device.py [--models qwen104m,smollm2] [--groups N]
+    python -m bench.toploc.cross_device [--models qwen104m,smollm2] [--groups N]
         [--trials N] [--model DIR] [--out FILE]
 
 Each model's entry replaces the one in --out, the others are kept, so models can be measured in
-separate runs. Shapes follow models_bench: `models.<model>.pairs.<prover>/<validator>`.
+separate runs. Shapes follow models.py: `models.<model>.pairs.<prover>/<validator>`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prime_swarm.libs.model.build import init_tiny_model
+from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.hardware import detect, device_class
+from prime_swarm.libs.model.tokenizer import build_tokenizer
+from prime_swarm.libs.policy.store import LoadedPolicy
+from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, make_optimizer
 
-from models_bench import (  # noqa: E402
+from .models import (
     LIAR,
     MEASURED_WEIGHTS,
     PROVERS,
@@ -44,14 +49,7 @@ from models_bench import (  # noqa: E402
     on_device,
     specs,
 )
-from results_file import read_results, write_results  # noqa: E402
-
-from prime_swarm.libs.model.build import init_tiny_model  # noqa: E402
-from prime_swarm.libs.model.causal_lm import CausalLM  # noqa: E402
-from prime_swarm.libs.model.hardware import detect, device_class  # noqa: E402
-from prime_swarm.libs.model.tokenizer import build_tokenizer  # noqa: E402
-from prime_swarm.libs.policy.store import LoadedPolicy  # noqa: E402
-from prime_swarm.libs.rl.grpo import GRPOConfig, Rollout, make_optimizer  # noqa: E402
+from .results_file import read_results, write_results
 
 WEIGHT_CHEATS = [*WEIGHT_ATTACKS, *(k for k in MEASURED_WEIGHTS if k != LIAR)]
 
@@ -131,7 +129,7 @@ def main() -> None:
         device_class=device_class("cuda"),
         cpu=detect("cpu").describe(),
         torch=torch.__version__,
-        command="python bench/toploc/cross_device.py " + " ".join(sys.argv[1:]),
+        command="python -m bench.toploc.cross_device " + " ".join(sys.argv[1:]),
     )
     section.setdefault("models", {})
     for spec in specs(args.models.split(","), args.model):

@@ -1,7 +1,7 @@
 """Multi-turn rollouts through the validator: honest episodes from the hf and vllm workers, and
 every way of cheating a branch, each cheat on a fresh lease.
 
-    .venv/bin/python bench/toploc/multi_turn.py [--honest 2000] [--trials 100] [--engines hf,vllm]
+    .venv/bin/python -m bench.toploc.multi_turn [--honest 2000] [--trials 100] [--engines hf,vllm]
 
 writes the `multi_turn` section of bench/results/toploc.json:
 
@@ -32,43 +32,40 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from results_file import read_results, write_results  # noqa: E402
-
-from prime_swarm.libs.environments import load_env  # noqa: E402
-from prime_swarm.libs.environments.base import Env, Task  # noqa: E402
-from prime_swarm.libs.model.backend import (  # noqa: E402
+from prime_swarm.libs.environments import load_env
+from prime_swarm.libs.environments.base import Env, Task
+from prime_swarm.libs.model.backend import (
     Generation,
     GenerationBackend,
     SampleRow,
     make_backend,
 )
-from prime_swarm.libs.model.causal_lm import CausalLM  # noqa: E402
-from prime_swarm.libs.model.hardware import device_class  # noqa: E402
-from prime_swarm.libs.model.io import load_pretrained  # noqa: E402
-from prime_swarm.libs.model.tokenizer import decode  # noqa: E402
-from prime_swarm.libs.policy.store import LoadedPolicy  # noqa: E402
-from prime_swarm.libs.rollout import verify  # noqa: E402
-from prime_swarm.libs.rollout.admission import Refusal, check_admission  # noqa: E402
-from prime_swarm.libs.rollout.answer import ProofBuilder, start_leases  # noqa: E402
-from prime_swarm.libs.rollout.episode import Branch, Limits, play  # noqa: E402
-from prime_swarm.libs.rollout.recompute import prefill_hidden  # noqa: E402
-from prime_swarm.libs.toploc import build_proofs_batch, group_contexts  # noqa: E402
-from prime_swarm.libs.warmstart import warm_start  # noqa: E402
-from prime_swarm.protocol.messages import (  # noqa: E402
+from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.hardware import device_class
+from prime_swarm.libs.model.io import load_pretrained
+from prime_swarm.libs.model.tokenizer import decode
+from prime_swarm.libs.policy.store import LoadedPolicy
+from prime_swarm.libs.rollout import verify
+from prime_swarm.libs.rollout.admission import Refusal, check_admission
+from prime_swarm.libs.rollout.answer import ProofBuilder, start_leases
+from prime_swarm.libs.rollout.episode import Branch, Limits, play
+from prime_swarm.libs.rollout.recompute import prefill_hidden
+from prime_swarm.libs.toploc import build_proofs_batch, group_contexts
+from prime_swarm.libs.warmstart import warm_start
+from prime_swarm.protocol.messages import (
     CompletionSample,
     Lease,
     SamplingParams,
     SubmittedRollout,
 )
+
+from .results_file import read_results, write_results
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_NAME = "guess-number"

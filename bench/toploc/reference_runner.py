@@ -1,5 +1,5 @@
 """Runs inside bench/.venv-toploc-ref (PyPI toploc==0.1.6 + torch==2.6.0), never in the project's
-environment. Reads prover/validator activation pairs saved by bench/toploc_bench.py, builds and
+environment. Reads prover/validator activation pairs saved by `python -m bench.toploc`, builds and
 verifies proofs with the reference package, and prints JSON.
 
     bench/.venv-toploc-ref/bin/python bench/toploc/reference_runner.py pairs.pt

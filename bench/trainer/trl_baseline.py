@@ -8,7 +8,7 @@ the held-out greedy reward measured with our own evaluator. TRL runs it all in o
 CPU: generate, score, one optimizer step, repeat.
 
     .venv/bin/pip install -e '.[bench-trainer]'
-    .venv/bin/python bench/trainer/trl_baseline.py --steps 40 --threads 2
+    .venv/bin/python -m bench.trainer.trl_baseline --steps 40 --threads 2
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ class LocalNetwork:
                 "PRIME_ORCH_LEASE_TTL_S": str(self.settings.lease_ttl_s),
                 "PRIME_ORCH_TASK_SEED": str(self.settings.task_seed),
                 # Groups in flight, not counting the batch the trainer has taken: one step's
-                # worth. Measured (bench/trainer_bench.py): 1.25-1.5 steps dropped 3-4x the
+                # worth. Measured (bench/trainer): 1.25-1.5 steps dropped 3-4x the
                 # groups as stale for no more trained completions per second.
                 "PRIME_ORCH_MAX_IN_FLIGHT_GROUPS": str(self.settings.groups_per_step),
             },

@@ -97,7 +97,7 @@ class LocalNetworkSettings(BaseSettings):
         ge=1,
         description="Worker processes. One on a 2-core machine: each more adds its per-version "
         "work (fetch, load, heartbeats) and smaller batches without adding cores "
-        "(bench/trainer_bench.py: 1.1x the trained completions per second of two, 1.3x of "
+        "(bench/trainer: 1.1x the trained completions per second of two, 1.3x of "
         "three); raise it where cores are spare.",
     )
     validators: int = Field(

@@ -12,7 +12,7 @@ the CPU with integer hashing and IEEE-exact arithmetic only (a log written with 
 every IEEE-754 machine rounds alike), then copied to the device. A row (seed, sample, position)
 reads the contiguous window that starts at a hashed offset: token t gets
 table[(offset + t) mod NOISE_TABLE_SIZE]. On the device that is a slice and a copy, on the order
-of a memcpy of the logits (bench/noise_bench.py measures it against a decode step).
+of a memcpy of the logits (bench/noise measures it against a decode step).
 
 Within a row the values are distinct table entries (windows are shorter than the table), so the
 argmax is a Gumbel-max sample; two rows share values only where their windows overlap, shifted

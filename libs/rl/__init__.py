@@ -5,5 +5,5 @@ It imports only `libs/model`: what the verifier and the orchestrator share with 
 below it (rewards and task lists in `libs/environments`, the aligned forward pass in
 `libs/model/forward.py`), and what plays an environment lives in `libs/rollout`
 (tests/unit/test_layering.py keeps it so). Tuned numbers live in `defaults.py`;
-`bench/rl_offline.py` is how they were chosen.
+`bench/rl` (`python -m bench.rl`) is how they were chosen.
 """

@@ -1,4 +1,4 @@
-"""The one place for the trainer's tuned numbers (measured with bench/rl_offline.py).
+"""The one place for the trainer's tuned numbers (measured with `python -m bench.rl`).
 
 What every service must agree on (group size, temperature, token cap, async level) is the pool's
 recipe, libs/rollout/recipe.py; these numbers only shape the warm start and the optimizer.

@@ -14,7 +14,7 @@ worst and the weakest cheat measured by `make bench-toploc` (bench/results/toplo
 `models`: every model, depth and prover/validator pair, with the margins it printed); rerun it
 for a new model, engine or device class:
 
-    .venv/bin/python bench/toploc/models_bench.py --model DIR   # prints each statistic's margins
+    .venv/bin/python -m bench.toploc.models --model DIR   # prints each statistic's margins
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ ACCEPTANCE = Acceptance(
     # and median 8), plus 8 sign flips: they survive cross-device noise at depth and only catch
     # gross forgeries; the weight ratio below tells near weights apart.
     gross=Thresholds(),
-    # bench/toploc/models_bench.py (bench/results/toploc.json `models`, 2026-11-25, this CPU):
+    # bench/toploc/models.py (bench/results/toploc.json `models`, 2026-11-25, this CPU):
     # honest groups judged by a validator of their own class sit at 0.95-1.18 on every model
     # (SmolLM2 0.98-1.01); judged across classes (eager attention, the emulated GPU) they spread
     # more on short groups (2-layer tiny model 0.36-2.73, depth 2 0.83-1.09, SmolLM2 0.87-1.05),
@@ -131,7 +131,7 @@ ACCEPTANCE = Acceptance(
     # bf16 ulp). bf16's own noise is 0.3 ulp and more at every depth measured, so 0.1 binds only
     # for fp16 and fp32, where a bf16 worker declaring fp32 still lands at 3x and more.
     noise_floor_ulp=0.1,
-    # The sampling replay (bench/toploc/models_bench.py, `margins.replay`, 2026-11-25, this CPU).
+    # The sampling replay (bench/toploc/models.py, `margins.replay`, 2026-11-25, this CPU).
     # Honest flips are near-ties inside the noise at their position: z at most 5.0 (tiny, own
     # class), 14.9 (tiny, emulated GPU), 2.2 (depth 2), under 1 on SmolLM2, whose 576-wide
     # hidden state the isotropic estimate overstates. Sampling that ignores the seed: z 269 and
@@ -142,7 +142,7 @@ ACCEPTANCE = Acceptance(
     replay_z=Band(accept_at_most=20.0, reject_from=80.0),
     # The validator's own path (transformers, its device class): honest multi-turn hf groups
     # judged on their own class reached z 1.75 in 500 groups (bench/toploc/multi_turn.py,
-    # 2026-11-26) and 0.0 in 240 more; single-turn on the tiny model 5.0 (models_bench). One
+    # 2026-11-26) and 0.0 in 240 more; single-turn on the tiny model 5.0 (models.py). One
     # turn sampled with another seed that differed only at a near-tie reached only 8.3 (1 in 110
     # trials; the rest 122 and more): inside the cross-class band, outside this one.
     replay_z_own_class=Band(accept_at_most=6.0, reject_from=80.0),

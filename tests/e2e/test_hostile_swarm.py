@@ -1,4 +1,4 @@
-"""The hostile-swarm run end to end (bench/hostile_swarm.py, `make hostile`): a clean run and a
+"""The hostile-swarm run end to end (`python -m bench.hostile`, `make hostile`): a clean run and a
 run with a cheater of each kind and a flooder; every check of its JSON must hold. Slow: two
 training runs, one with ten workers on the machine."""
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_hostile_swarm_checks_hold(tmp_path: Path) -> None:
     out = tmp_path / "hostile.json"
     run = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "hostile_swarm.py"), "--out", str(out)],
+        [sys.executable, "-m", "bench.hostile", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=1700,
     )  # fmt: skip
     result = json.loads(out.read_text())

@@ -1,10 +1,10 @@
 """schemathesis against the orchestrator, the origin and a relay, each a real process over HTTP.
 
-The smaller pass of `make fuzz` (bench/fuzz.py, 1000 cases a service): at least 100 generated
-cases per service, signed as the harness signs them (most by a staked, registered worker, the
-rest unsigned or wrongly signed; origin uploads carry trainer-signed manifests), with a fixed
-seed so a failure reproduces. No case may get a 5xx, the process must survive and answer
-/healthz, and no wrongly signed request may get a 2xx.
+The smaller pass of `make fuzz` (bench/fuzz, 1000 cases a service): at least 100 generated
+cases per service, signed as the harness (tests/support/fuzz_harness.py) signs them (most by a
+staked, registered worker, the rest unsigned or wrongly signed; origin uploads carry
+trainer-signed manifests), with a fixed seed so a failure reproduces. No case may get a 5xx,
+the process must survive and answer /healthz, and no wrongly signed request may get a 2xx.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-# bench/ is importable as prime_swarm.bench: the repository root is the (editable) package.
-from prime_swarm.bench.fuzz import (
+from fuzz_harness import (
     ServiceReport,
     ShardcastStack,
     Target,
@@ -24,6 +22,7 @@ from prime_swarm.bench.fuzz import (
     orchestrator_stack,
     shardcast_stack,
 )
+
 from prime_swarm.libs.chain.anvil import Anvil
 from prime_swarm.libs.localnet.redis_server import RedisServer
 

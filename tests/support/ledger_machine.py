@@ -16,7 +16,7 @@ reason); return values; and after every step the ledger's invariants:
 
 The pool-wide figures are checked after every step, each account a step touched right after it,
 and every account every tenth step. `PLANTED_BUGS` are copies of the contract with one bug each;
-the machine must fail on them (tests/unit/test_ledger_invariants.py, bench/ledger_invariants.py).
+the machine must fail on them (tests/unit/test_ledger_invariants.py, bench/ledger).
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
-"""The cheats of bench/hostile/cheating_worker.py change what a worker sends the way their names
+"""The cheats of tests/support/cheating_worker.py change what a worker sends the way their names
 say (the hostile-swarm run relies on each one being a real cheat, not a no-op)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import cheating_worker as cw
 import pytest
 from rollout_messages import submitted
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from hostile import cheating_worker as cw  # noqa: E402
-
-from prime_swarm.protocol.messages import RolloutSubmission  # noqa: E402
+from prime_swarm.protocol.messages import RolloutSubmission
 
 
 def _sub(n: int = 1) -> RolloutSubmission:

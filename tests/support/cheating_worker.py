@@ -1,10 +1,12 @@
 """A worker that cheats one way: the real `prime-worker` CLI, with what it sends rewritten.
 
-    python bench/hostile/cheating_worker.py KIND join --pool N ...   (the worker's own flags)
+    python tests/support/cheating_worker.py KIND join --pool N ...   (the worker's own flags)
 
 Submission cheats rewrite each batch before the client signs and sends it, so the orchestrator
 sees a correctly signed request from a staked worker; weight cheats generate with other weights
-than the leased policy's. The kinds follow bench/toploc_bench.py's attack suite.
+than the leased policy's. The kinds follow the TOPLOC benches' attack suite
+(bench/toploc/cheats.py). It lives with the test helpers because tests/unit/test_cheating_worker.py
+checks each cheat as well as `make hostile` running them (bench/hostile).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A Qwen2.5-0.5B-shaped model (vocab 151936, hidden 896, 24 layers, random weights
 one token for 64 sequences with a KV cache; the noise for those 64 rows is timed beside it, and so
 is the previous implementation (numpy Philox + log per row) as a baseline in the same run:
 
-    .venv/bin/python bench/noise_bench.py [--threads 2] [--layers 24]
+    .venv/bin/python -m bench.noise [--threads 2] [--layers 24]
 
 Writes bench/results/noise.json. Target: noise <= 5 % of a decode step.
 """
@@ -25,7 +25,7 @@ from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.noise import gumbel_rows
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def philox_rows(rows: list[tuple[int, int, int]], vocab: int) -> torch.Tensor:

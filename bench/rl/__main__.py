@@ -6,7 +6,7 @@ prefill with that version to replay the Gumbel sampling, check termination and r
 behaviour log-probs, and the "trainer" takes one GRPO step. Run with one torch thread to mimic
 one process of the 2-core local network:
 
-    .venv/bin/python bench/rl_offline.py --seeds 0 1 2
+    .venv/bin/python -m bench.rl --seeds 0 1 2
 
 Timings are CPU seconds of this process (the machine may be shared; CPU time is what each
 service will spend), plus wall seconds per step for reference.

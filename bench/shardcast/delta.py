@@ -15,7 +15,7 @@ Writes `delta` into bench/results/shardcast.json (other keys kept): `model_param
 and `shaped_speedup` (origin, 2 relays and the clients in network namespaces with tc-shaped
 links: from the publish until every client holds the version, whole / by delta).
 
-    python bench/shardcast/delta_bench.py [--steps 3] [--clients 4]
+    python -m bench.shardcast.delta [--steps 3] [--clients 4]
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import json
 import multiprocessing
 import re
 import shutil
-import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -36,12 +35,8 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from safetensors.torch import save_file
 
-from prime_swarm.libs.localnet.relay import RelayProcess
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shardcast_bench import PY, ROOT, Procs, wait_clients, wait_http, wait_ready  # noqa: E402
-
 from prime_swarm.libs.environments import load_env
+from prime_swarm.libs.localnet.relay import RelayProcess
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hf_backend import HFBackend
@@ -52,9 +47,11 @@ from prime_swarm.libs.rl.step import train_step
 from prime_swarm.libs.shardcast import delta, download_version, fetch_manifest, publish_version
 from prime_swarm.libs.shardcast.client import HeldFiles, wait_for_version
 from prime_swarm.libs.shardcast.relays import RelayPool
-from shardcast.net import ShapedNamespaces, namespaces_available  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "shardcast.json"
+from .net import ShapedNamespaces, namespaces_available
+from .transfer import PY, ROOT, Procs, wait_clients, wait_http, wait_ready
+
+RESULTS = ROOT / "bench" / "results" / "shardcast.json"
 ARCH = {  # about 113M parameters; the same shape as bench/toploc/cross_device.py's model
     "hidden_size": 768,
     "intermediate_size": 3072,

@@ -11,7 +11,7 @@ per-node bandwidth B and file size S: each client must receive S, and all 8*S le
 so relays need at least 8*S / (2*B); the origin must send S to each relay (2*S / B). Everything
 else can overlap (cut-through), so lower_bound = max(8*S/(2*B), 2*S/B, S/B).
 
-    python bench/shardcast_bench.py [--size-mib 512] [--runs 3] [--no-shaped]
+    python -m bench.shardcast [--size-mib 512] [--runs 3] [--no-shaped]
 
 Writes bench/results/shardcast.json.
 """
@@ -36,10 +36,9 @@ import numpy as np
 from eth_account import Account
 from safetensors.numpy import save_file
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from shardcast.net import Loopback, ShapedNamespaces, namespaces_available  # noqa: E402
+from .net import Loopback, ShapedNamespaces, namespaces_available
 
+ROOT = Path(__file__).resolve().parents[2]
 REF_VENV = ROOT / "bench" / ".venv-shardcast-ref"
 REF_SPEC = "shardcast==0.3.2"
 PY = sys.executable

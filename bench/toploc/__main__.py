@@ -4,7 +4,7 @@ Runs the validator's real decision path (libs/rollout: admission, prefill, measu
 process on real generations of both prover engines, the hf backend and the vllm backend, each
 checked by the validator's transformers prefill, and writes bench/results/toploc.json:
 
-    .venv/bin/python bench/toploc_bench.py [--honest 1000] [--trials 50] [--no-reference]
+    .venv/bin/python -m bench.toploc [--honest 1000] [--trials 50] [--no-reference]
 
 Each engine pair (prover engine / validator engine) has its own section under `engine_pairs`:
 the limits in force, the honest distribution of every statistic, every attack run with that
@@ -66,11 +66,10 @@ from prime_swarm.protocol.messages import (
     SubmittedRollout,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench" / "toploc"))
-from cheats import REQUIRED, neighbour, perturbed, quantized  # noqa: E402
-from results_file import read_results, write_results  # noqa: E402
+from .cheats import REQUIRED, neighbour, perturbed, quantized
+from .results_file import read_results, write_results
 
+REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "models"
 REF_PY = REPO / "bench" / ".venv-toploc-ref" / "bin" / "python"
 WORKER = "0x" + "ab" * 20
@@ -925,7 +924,7 @@ def main() -> None:
         result["details"]["pipelined"] = pipe
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # The per-model and cross-device sections are other benches' (models_bench, cross_device on
+    # The per-model and cross-device sections are other benches' (models.py, cross_device.py on
     # a lent GPU): a run on this machine keeps them.
     previous = read_results(out)
     result |= {k: previous[k] for k in ("models", "cross_device") if k in previous}

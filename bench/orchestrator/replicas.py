@@ -22,7 +22,7 @@ Reported per replica count: submissions_per_s (admitted, through the balancer), 
 orchestrators' CPU-seconds per signed submission (all replicas together, and per replica), and
 the HAProxy, Redis and client CPU beside them: this machine has 2 cores for all of it.
 
-    python -m bench.orchestrator_replicas [--workers 200] [--clients 3] [--duration 15]
+    python -m bench.orchestrator.replicas [--workers 200] [--clients 3] [--duration 15]
 
 Writes `orchestrators` into bench/results/ha.json.
 """
@@ -47,16 +47,6 @@ from typing import Any
 
 from eth_account import Account
 
-from bench.orchestrator_bench import (
-    MIN_STAKE,
-    ORCHESTRATOR_ENV,
-    POLICY_VERSION,
-    PROMPT_TOKENS,
-    TRAINER,
-    HttpConn,
-    completions_json,
-    stake_workers,
-)
 from prime_swarm.deploy.local.pool import start_pool
 from prime_swarm.libs.chain.anvil import Anvil
 from prime_swarm.libs.localnet.redis_server import RedisServer
@@ -68,7 +58,18 @@ from prime_swarm.protocol.signing import sign_request
 from prime_swarm.services.orchestrator.settings import OrchestratorSettings
 from prime_swarm.services.orchestrator.state import OPEN_LEASES, LeaseBook
 
-ROOT = Path(__file__).resolve().parent.parent
+from .single import (
+    MIN_STAKE,
+    ORCHESTRATOR_ENV,
+    POLICY_VERSION,
+    PROMPT_TOKENS,
+    TRAINER,
+    HttpConn,
+    completions_json,
+    stake_workers,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results" / "ha.json"
 MAX_IN_FLIGHT = 300  # below 200 workers x their share (1.5 x 300 / 200 = 3): the budget binds
 LEASE_COUNT = 8
@@ -394,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         "replica_killed_mid_storm": last["killed"],
         "runs": runs,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "command": "python -m bench.orchestrator_replicas " + " ".join(argv or []),
+        "command": "python -m bench.orchestrator.replicas " + " ".join(argv or []),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     doc = json.loads(args.out.read_text()) if args.out.exists() else {}

@@ -1,4 +1,5 @@
-"""`make bench-orchestrator`: 100 simulated workers sending signed requests to one orchestrator.
+"""`make bench-orchestrator`, part one: 100 simulated workers sending signed requests to one
+orchestrator.
 
 The orchestrator runs as its own uvicorn process (`prime-orchestrator`, one process as deployed)
 on 127.0.0.1, in front of a real redis-server and a real anvil chain with the ledger deployed, a
@@ -34,7 +35,7 @@ Phases, one after another on the same server (the first `warmup_s` of each are n
   stake re-read on chain every 5 s (the default before ledger events dropped changed standings):
   what polling the chain per worker costs.
 
-    python bench/orchestrator_bench.py [--workers 100] [--clients 4] [--duration 10]
+    python -m bench.orchestrator [--workers 100] [--clients 4] [--duration 10]
 
 Writes bench/results/orchestrator.json: `workers`, `submissions_per_s` and `p50_ms`/`p99_ms`
 (the `submit` phase: the saturated /v1/submit rate and its latencies), `heartbeats_per_s`, the
@@ -92,7 +93,7 @@ from prime_swarm.protocol.messages import (
 )
 from prime_swarm.protocol.signing import sign_request
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results" / "orchestrator.json"
 
 POLICY_VERSION = 5
@@ -1190,7 +1191,7 @@ def report(
         "code": code_version(),
         "seconds": round(time.monotonic() - started, 1),
         "setup_s": round(setup_s, 1),
-        "command": " ".join(["python bench/orchestrator_bench.py", *sys.argv[1:]]),
+        "command": " ".join(["python -m bench.orchestrator", *sys.argv[1:]]),
     }
     if not orch_alive:
         out["orchestrator_log_tail"] = orch_log

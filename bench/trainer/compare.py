@@ -43,18 +43,16 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "trainer"))
+from prime_swarm.deploy.local.cli import heldout, prepare_model
+from prime_swarm.deploy.local.network import LocalNetwork
+from prime_swarm.deploy.local.settings import LocalNetworkSettings
+from prime_swarm.libs.model.hardware import detect, native_precision
+from prime_swarm.libs.rl.checkpoint import model_dir, saved_versions
+from prime_swarm.libs.rl.defaults import RL
+from prime_swarm.libs.rl.loss import LossConfig
+from prime_swarm.libs.rollout.recipe import Recipe
 
-from prime_swarm.deploy.local.cli import heldout, prepare_model  # noqa: E402
-from prime_swarm.deploy.local.network import LocalNetwork  # noqa: E402
-from prime_swarm.deploy.local.settings import LocalNetworkSettings  # noqa: E402
-from prime_swarm.libs.model.hardware import detect, native_precision  # noqa: E402
-from prime_swarm.libs.rl.checkpoint import model_dir, saved_versions  # noqa: E402
-from prime_swarm.libs.rl.defaults import RL  # noqa: E402
-from prime_swarm.libs.rl.loss import LossConfig  # noqa: E402
-from prime_swarm.libs.rollout.recipe import Recipe  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results" / "trainer.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "trainer.json"
 REAL_PLOT = RESULTS.with_name("trainer_real.png")
 # The real section's budgets, the same for the network and TRL; each run ends on whichever
 # runs out first. Wall clock: 12 minutes from the end of the first step (the TRL
@@ -230,7 +228,7 @@ def main() -> None:
             print(json.dumps(result[name]), file=sys.stderr)
             write()
     if args.only is None or "trl" in args.only:
-        from trl_baseline import run_trl
+        from .trl_baseline import run_trl
 
         print("TRL GRPOTrainer ...", file=sys.stderr)
         result["trl"] = run_trl(init_dir, base)
@@ -316,7 +314,7 @@ def _trl_in_child(init_dir: Path, s: LocalNetworkSettings, seed: int, budget_s: 
 
 
 def _run_trl(init_dir: Path, s: LocalNetworkSettings, seed: int, budget_s: float) -> dict:
-    from trl_baseline import run_trl
+    from .trl_baseline import run_trl
 
     return run_trl(init_dir, s, seed=seed, budget_s=budget_s)
 

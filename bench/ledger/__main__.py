@@ -1,7 +1,7 @@
 """`make bench-ledger`: the ledger's rule-based state machine (tests/support/ledger_machine.py)
 run long on the real contract, and once on each planted-bug copy, which it must catch.
 
-    python bench/ledger_invariants.py [--transactions 20000]
+    python -m bench.ledger [--transactions 20000]
 
 Records `ledger_invariants` in bench/results/ha.json: transactions sent (reverted ones
 included; hypothesis draws the sequences at random, so each run tries new ones), violations
@@ -14,17 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
-from ledger_machine import PLANTED_BUGS, LedgerMachine, machine_for, planted  # noqa: E402
+from tests.support.ledger_machine import PLANTED_BUGS, LedgerMachine, machine_for, planted
 
-RESULTS = Path(__file__).resolve().parent / "results" / "ha.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "ha.json"
 STEPS = 50  # transactions per run after the set-up's twelve
 # No shrinking: the bench records that a failure happened and the first one found.
 SETTINGS = settings(
@@ -86,7 +84,7 @@ def main() -> None:
         "config": {
             "steps_per_run": STEPS,
             "machine": f"{platform.machine()}, titanoboa (in process)",
-            "command": "python bench/ledger_invariants.py",
+            "command": "python -m bench.ledger",
         },
     }
     out = json.loads(args.out.read_text()) if args.out.exists() else {}

@@ -20,7 +20,7 @@ Deploys SwarmLedger from the committed artifact, opens a pool with one validator
 `reference_per_rollout_before` is the figure of the previous ledger (a storage slot per work
 key, about 33k gas a rollout in a batch of 32), measured in the issue that asked for this.
 
-    python bench/chain_bench.py [--workers 4]
+    python -m bench.chain [--workers 4]
 
 Writes bench/results/chain.json.
 """
@@ -40,7 +40,7 @@ from prime_swarm.libs.chain.deploy import deploy_ledger
 from prime_swarm.libs.chain.deployment import DEFAULT_CHALLENGE_BLOCKS, DEFAULT_UNBONDING_BLOCKS
 from prime_swarm.libs.chain.models import Work
 
-RESULTS = Path(__file__).resolve().parent / "results" / "chain.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "chain.json"
 ETH = 10**18
 BATCH_SIZES = (1, 16, 64, 256)
 # The default windows: a worker's reward bucket is opened once per challenge epoch (6 h of

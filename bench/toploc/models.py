@@ -2,7 +2,7 @@
 real decision (libs/rollout/verify.verify_batch, then settle): the `models` section of
 bench/results/toploc.json, and the command that recalibrates for a new model or device class.
 
-    .venv/bin/python bench/toploc/models_bench.py [--models tiny,depth2,depth8,depth30,smollm2]
+    .venv/bin/python -m bench.toploc.models [--models tiny,depth2,depth8,depth30,smollm2]
         [--groups N] [--smollm2-groups N] [--trials N] [--model DIR] [--out FILE]
         [--entries DIR] [--honest-only] [--merge [--attacks-only]]
 
@@ -28,7 +28,6 @@ import copy
 import json
 import math
 import random
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,11 +59,9 @@ from prime_swarm.protocol.messages import (
     SubmittedRollout,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from cheats import REQUIRED, fp8, neighbour, perturbed, quantized  # noqa: E402
-from device_emulator import emulated  # noqa: E402
-from results_file import read_results, write_results  # noqa: E402
+from .cheats import REQUIRED, fp8, neighbour, perturbed, quantized
+from .device_emulator import emulated
+from .results_file import read_results, write_results
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "models"

@@ -1,8 +1,8 @@
 """The hostile swarm: a local training run with honest workers beside one cheating worker of
-each kind (bench/hostile/cheating_worker.py) and a flooder of malformed and replayed requests,
+each kind (tests/support/cheating_worker.py) and a flooder of malformed and replayed requests,
 against a clean run of the same settings.
 
-    python bench/hostile_swarm.py [--steps N]       (make hostile)
+    python -m bench.hostile [--steps N]       (make hostile)
 
 Writes bench/results/hostile.json and bench/results/hostile.png (both reward curves). The
 checks: every cheater's submissions rejected and the cheater slashed on chain, no honest
@@ -25,21 +25,20 @@ from pathlib import Path
 import httpx
 from eth_account import Account
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from hostile.cheating_worker import KINDS  # noqa: E402
+from prime_swarm.deploy.local.cli import prepare_model
+from prime_swarm.deploy.local.network import LocalNetwork, new_run_dir
+from prime_swarm.deploy.local.settings import LocalNetworkSettings
+from prime_swarm.libs.chain.client import LedgerClient
+from prime_swarm.protocol import streams
+from prime_swarm.protocol.messages import Heartbeat, Verdict, VerifiedRollout
+from prime_swarm.protocol.signing import WorkerAuth
+from prime_swarm.services.trainer import progress
+from tests.support.cheating_worker import KINDS
 
-from prime_swarm.deploy.local.cli import prepare_model  # noqa: E402
-from prime_swarm.deploy.local.network import LocalNetwork, new_run_dir  # noqa: E402
-from prime_swarm.deploy.local.settings import LocalNetworkSettings  # noqa: E402
-from prime_swarm.libs.chain.client import LedgerClient  # noqa: E402
-from prime_swarm.protocol import streams  # noqa: E402
-from prime_swarm.protocol.messages import Heartbeat, Verdict, VerifiedRollout  # noqa: E402
-from prime_swarm.protocol.signing import WorkerAuth  # noqa: E402
-from prime_swarm.services.trainer import progress  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
-CHEATER = ROOT / "bench" / "hostile" / "cheating_worker.py"
+# A program, not an import: the local network starts it by path in place of `prime-worker`.
+CHEATER = ROOT / "tests" / "support" / "cheating_worker.py"
 # Each cheater answers this many leases, two to a batch (a replay needs two), then stops.
 CHEATER_ENV = {"PRIME_WORKER_MAX_ROLLOUTS": "6", "PRIME_WORKER_LEASE_BATCH": "2"}
 

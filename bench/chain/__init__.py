@@ -1,0 +1,1 @@
+"""`make bench-chain`: gas per attested rollout and of every other ledger function."""

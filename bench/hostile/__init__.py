@@ -1,0 +1,1 @@
+"""`make hostile`: cheating workers and a flooder beside honest ones, against a clean run."""

@@ -1,0 +1,1 @@
+"""`make bench-ledger`: the ledger's state machine over many random transactions."""

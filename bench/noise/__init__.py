@@ -1,0 +1,1 @@
+"""`make bench-noise`: the seeded Gumbel noise against a decode step."""

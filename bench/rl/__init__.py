@@ -1,0 +1,1 @@
+"""`make bench-rl`: the offline RL recipe over seeds."""
