@@ -1,21 +1,25 @@
-"""TOPLOC + validator benchmark: honest noise, calibrated limits, attacks, precision variants, cost.
+"""TOPLOC + validator benchmark, end to end on the tiny model: honest work and attacks through the
+validator's whole decision, precision variants, the cost of proofs and of validation, and ours
+against PyPI toploc 0.1.6.
 
 Runs the validator's real decision path (libs/rollout: admission, prefill, measure, judge) in
 process on real generations of both prover engines, the hf backend and the vllm backend, each
-checked by the validator's transformers prefill, and writes bench/results/toploc.json:
+checked by the validator's transformers prefill, and writes bench/results/toploc.json (the
+sections other TOPLOC benches write are kept):
 
     .venv/bin/python -m bench.toploc [--honest 1000] [--trials 50] [--no-reference]
 
 Each engine pair (prover engine / validator engine) has its own section under `engine_pairs`:
-the limits in force, the honest distribution of every statistic, every attack run with that
-engine as the cheater's, and the margins between them. vLLM patches torch.set_num_threads away
-once its engine starts, so everything that varies thread counts (the hf sections) runs first.
+honest rollouts with their false rejections, and every attack run with that engine as the
+cheater's, with how many were detected and why. vLLM patches torch.set_num_threads away once its
+engine starts, so everything that varies thread counts (the hf sections) runs first.
 
 Honest rollouts vary what honestly varies between a worker and a validator: the worker's batch
 size and composition (which leases share a KV-cached decode), the thread count, and the KV-cached
-decode itself against the validator's full prefill, which re-batches them differently again. The
-limits in libs/rollout/calibration.py are held against every statistic's honest distribution
-(`honest_distribution`, `margins`), and every attack is a fresh lease cheated in one way.
+decode itself against the validator's full prefill, which re-batches them differently again;
+every attack is a fresh lease cheated in one way. The limits of libs/rollout/calibration.py are
+set from one bench, bench/toploc/models.py (the `models` section: every statistic's honest
+spread and weakest cheat per model and engine pair); this one only checks them end to end.
 """
 
 from __future__ import annotations
@@ -54,7 +58,6 @@ from prime_swarm.libs.toploc import (
     ProofContext,
     build_proofs_batch,
     group_contexts,
-    pooled_mant_err_mean,
     verify_proofs_batch,
 )
 from prime_swarm.libs.warmstart import warm_start
@@ -80,6 +83,7 @@ ENV = load_env(RECIPE.env)
 HF = HFBackend("bf16")  # the worker default; fp16 and fp32 run as precision variants
 VALIDATOR_ENGINE = "hf"  # the validator always recomputes with a transformers prefill
 TINY_DESCRIPTION = "warm-started tiny Qwen2 (2 layers, hidden 128, 4/2 heads, byte-level BPE)"
+OTHER_SECTIONS = ("models", "multi_turn", "cross_device")
 
 
 # --------------------------------------------------------------------------- models
@@ -258,18 +262,16 @@ def submit(
 # --------------------------------------------------------------------------- the validator
 HERE = device_class("cpu")
 """This machine's device class: every worker and the validator of this bench run here."""
-STATS = ("exp_mismatches", "sign_mismatches", "mant_err_mean", "mant_err_median")
 
 
 class Validator:
     """The service's decision path, in process: admission, duplicate detection by content hash
     (SET NX semantics, with a dict for Redis), one batched prefill per policy version, then
-    measure + judge. Every group's evidence is kept for the distributions."""
+    measure + judge."""
 
     def __init__(self, policies: dict[int, LoadedPolicy]) -> None:
         self.policies = policies
         self.seen: dict[str, str] = {}
-        self.evidence: dict[str, list[verify.CompletionEvidence]] = {}
 
     def validate(self, entries: list[SubmittedRollout]) -> list[str]:
         verdicts: list[str] = [""] * len(entries)
@@ -294,8 +296,6 @@ class Validator:
         # As the validator service runs: its own device class known, so that work declared
         # from it is also held to its declared-precision numbers and a failed recheck slashes.
         for i, j in zip(live, verify.verify_batch(works, 1e-6, device_class=HERE), strict=True):
-            if j.evidence is not None:
-                self.evidence[entries[i].submission_id] = j.evidence.completions
             final = verify.settle(j, entries[i].submission.device_class == HERE)
             if final == "accept":
                 verdicts[i] = "accepted"
@@ -305,41 +305,6 @@ class Validator:
                 rej = j.second_opinion or j.refusal
                 verdicts[i] = rej.reason if rej else "CRASH no refusal"
         return verdicts
-
-
-def distribution(evs: list[list[verify.CompletionEvidence]]) -> dict[str, dict[str, float]]:
-    """Per statistic over every chunk (replay gap: over every completion): quantiles and max."""
-    chunks = [st for group in evs for ev in group for st in ev.proof.chunks]
-    values = {name: np.array([getattr(st, name) for st in chunks], dtype=float) for name in STATS}
-    values["replay_gap"] = np.array([ev.max_replay_gap for g in evs for ev in g], dtype=float)
-    values["replay_z"] = np.array([ev.max_replay_z for g in evs for ev in g], dtype=float)
-    values["group_mant_err_mean"] = np.array(
-        [pooled_mant_err_mean([ev.proof for ev in g]) for g in evs], dtype=float
-    )
-    out = {}
-    for name, v in values.items():
-        if v.size == 0:
-            continue
-        out[name] = {
-            "n": int(v.size),
-            "min": float(v.min()),
-            "p50": float(np.quantile(v, 0.5)),
-            "p99": float(np.quantile(v, 0.99)),
-            "max": float(v.max()),
-        }
-    return out
-
-
-def limits(a: Acceptance) -> dict[str, float]:
-    t = a.gross
-    return {
-        "exp_mismatches": float(t.max_exp_mismatches),
-        "sign_mismatches": float(t.max_sign_mismatches),
-        "mant_err_mean": t.max_mant_err_mean,
-        "mant_err_median": t.max_mant_err_median,
-        "replay_gap": a.max_replay_gap,
-        "replay_z": a.replay_z.accept_at_most,
-    }
 
 
 # --------------------------------------------------------------------------- honest
@@ -400,7 +365,6 @@ def honest_run(
         "val_s": val_s,
         "val_tokens": val_tokens,
         "proof_bytes": sum(len(c.proof) for e in produced for c in e.submission.completions),
-        "evidence": [validator.evidence[e.submission_id] for e in produced],
         "produced": produced,
     }
 
@@ -410,20 +374,13 @@ def variant_run(
 ) -> dict:
     """A worker computing in another precision: more work, not less; must be accepted."""
     backend = HFBackend(precision)
-    verdicts, ids = [], []
+    verdicts = []
     for _ in range(n):
         (g,), _ = generate_for(p["v10"], [new_lease(rng)], backend)
         e = submit(g, p["v10"])[0]
         verdicts += validator.validate([e])
-        ids.append(e.submission_id)
-    evs = [validator.evidence[i] for i in ids if i in validator.evidence]
     rejected = [v for v in verdicts if v != "accepted"]
-    return {
-        "rollouts": n,
-        "false_rejections": len(rejected),
-        "reasons": sorted(set(rejected)),
-        "distribution": distribution(evs),
-    }
+    return {"rollouts": n, "false_rejections": len(rejected), "reasons": sorted(set(rejected))}
 
 
 # --------------------------------------------------------------------------- attacks
@@ -596,7 +553,6 @@ def run_attack(
 ) -> dict:
     reasons: dict[str, int] = {}
     detected = crashes = 0
-    ids = []
     for item in attack_entries(name, p, rng, n, backend):
         if isinstance(item, tuple):  # replay: the original is accepted, then replayed
             e = item[1]
@@ -614,18 +570,10 @@ def run_attack(
             v = validator.validate([replay])[0]
         else:
             v = validator.validate([item])[0]
-            ids.append(item.submission_id)
         reasons[str(v)] = reasons.get(str(v), 0) + 1
         crashes += str(v).startswith("CRASH")
         detected += v not in ("accepted", "") and not str(v).startswith("CRASH")
-    evs = [validator.evidence[i] for i in ids if i in validator.evidence]
-    return {
-        "trials": n,
-        "detected": detected,
-        "crashes": crashes,
-        "reasons": reasons,
-        "distribution": distribution(evs) if name in WRONG_WEIGHTS else {},
-    }
+    return {"trials": n, "detected": detected, "crashes": crashes, "reasons": reasons}
 
 
 # --------------------------------------------------------------------------- overhead
@@ -752,61 +700,27 @@ def reference_block(honest: dict, p: dict[str, LoadedPolicy], rng: random.Random
     return out
 
 
-def margins(honest: dict, variants: dict, attacks: dict, acceptance: Acceptance) -> dict:
-    """Per statistic: the limit over the worst accepted honest value (>= 1 means headroom), and
-    the smallest attack worst-case over the limit among weight attacks it alone would catch."""
-    lim = limits(acceptance)
-    dists = [honest["distribution"]] + [v["distribution"] for v in variants.values()]
-    out = {}
-    for name, limit in lim.items():
-        worst = max((d[name]["max"] for d in dists if name in d), default=0.0)
-        out[name] = {
-            "limit": limit,
-            "honest_worst": worst,
-            "limit_over_honest_worst": limit / worst if worst else None,
-            # An attack is caught by this statistic alone in every group when min/limit > 1.
-            "attack_min_over_limit": {
-                a: r["distribution"][name]["min"] / limit
-                for a, r in attacks.items()
-                if r["distribution"] and name in r["distribution"] and limit
-            },
-            "attack_p50_over_limit": {
-                a: r["distribution"][name]["p50"] / limit
-                for a, r in attacks.items()
-                if r["distribution"] and name in r["distribution"] and limit
-            },
-        }
-    return out
-
-
 def engine_pair(
     backend: GenerationBackend,
     p: dict[str, LoadedPolicy],
     validator: Validator,
     rng: random.Random,
     args: argparse.Namespace,
-    variants: dict | None = None,
 ) -> tuple[dict, dict]:
     """Honest rollouts and every attack with `backend` as the prover's (and the cheater's)
     engine, checked by the transformers validator: the section of one engine pair."""
-    acceptance = accept(backend.name)
+    accept(backend.name)  # an engine with no limits stops here, before hours of generation
     honest = honest_run(p, validator, args.honest, rng, backend)
-    honest["distribution"] = distribution(honest["evidence"])
     print(
-        json.dumps(
-            {"engine": backend.name}
-            | {k: v for k, v in honest.items() if k not in ("produced", "evidence", "distribution")}
-        ),
+        json.dumps({"engine": backend.name} | {k: v for k, v in honest.items() if k != "produced"}),
         file=sys.stderr,
     )
     attacks = {n: run_attack(n, p, validator, rng, args.trials, backend) for n in REQUIRED}
     measured = {n: run_attack(n, p, validator, rng, args.trials, backend) for n in MEASURED}
-    variants = variants or {}
     section = {
         "prover_engine": backend.name,
         "validator_engine": VALIDATOR_ENGINE,
         "precision": backend.precision,
-        "limits": limits(acceptance),
         "honest": {
             "rollouts": honest["rollouts"],
             "completions": honest["completions"],
@@ -817,16 +731,11 @@ def engine_pair(
             "gen_s_per_token": honest["gen_s"] / honest["gen_tokens"],
             "validate_s_per_token": honest["val_s"] / honest["val_tokens"],
         },
-        "honest_distribution": honest["distribution"],
         "attacks": {
             k: {"trials": v["trials"], "detected": v["detected"], "reasons": v["reasons"]}
             for k, v in {**attacks, **measured}.items()
         },
         "required_attacks": REQUIRED,
-        "attack_distribution": {
-            k: v["distribution"] for k, v in {**attacks, **measured}.items() if v["distribution"]
-        },
-        "margins": margins(honest, variants, {**attacks, **measured}, acceptance),
         "attack_crashes": sum(v["crashes"] for v in {**attacks, **measured}.values()),
     }
     return section, honest
@@ -868,7 +777,7 @@ def main() -> None:
         variants = {
             pr: variant_run(p, validator, pr, args.variants, rng) for pr in ("fp32", "fp16")
         }
-        pairs["hf/hf"], hf_honest = engine_pair(HF, p, validator, rng, args, variants)
+        pairs["hf/hf"], hf_honest = engine_pair(HF, p, validator, rng, args)
         pipe = pipelined_overhead(p, rng)
         if not args.no_reference:
             ref = reference_block(hf_honest, p, rng)
@@ -902,7 +811,6 @@ def main() -> None:
             k: {"rollouts": v["rollouts"], "false_rejections": v["false_rejections"]}
             for k, v in variants.items()
         },
-        "precision_variant_distribution": {k: v["distribution"] for k, v in variants.items()},
         "engine_pairs": pairs,
         "reference": ref,
         "details": {
@@ -924,10 +832,10 @@ def main() -> None:
         result["details"]["pipelined"] = pipe
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # The per-model and cross-device sections are other benches' (models.py, cross_device.py on
-    # a lent GPU): a run on this machine keeps them.
+    # The other TOPLOC benches' sections (models.py, multi_turn.py, cross_device.py on a lent
+    # GPU) are theirs: a run of this one keeps them.
     previous = read_results(out)
-    result |= {k: previous[k] for k in ("models", "cross_device") if k in previous}
+    result |= {k: previous[k] for k in OTHER_SECTIONS if k in previous}
     write_results(out, result)
     summary = {k: result[k] for k in ("honest", "attacks", "all_required_attacks_detected")}
     print(json.dumps(summary, indent=2))

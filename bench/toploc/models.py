@@ -1,6 +1,8 @@
 """Honest work and cheats, per model and per prover/validator pair, through the validator's
 real decision (libs/rollout/verify.verify_batch, then settle): the `models` section of
 bench/results/toploc.json, and the command that recalibrates for a new model or device class.
+The one calibration bench: the limits of libs/rollout/calibration.py are set from this section
+(with multi_turn.py's replay figures for the validator's own class).
 
     .venv/bin/python -m bench.toploc.models [--models tiny,depth2,depth8,depth30,smollm2]
         [--groups N] [--smollm2-groups N] [--trials N] [--model DIR] [--out FILE]
