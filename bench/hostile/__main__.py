@@ -30,7 +30,7 @@ from prime_swarm.deploy.local.network import LocalNetwork, new_run_dir
 from prime_swarm.deploy.local.settings import LocalNetworkSettings
 from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.protocol import streams
-from prime_swarm.protocol.messages import Heartbeat, Verdict, VerifiedRollout
+from prime_swarm.protocol.messages import Heartbeat, Verdict, VerifiedRollout, normal_address
 from prime_swarm.protocol.signing import WorkerAuth
 from prime_swarm.services.trainer import progress
 from tests.support.cheating_worker import KINDS
@@ -61,7 +61,7 @@ class Flooder(threading.Thread):
 
     def run(self) -> None:
         account = Account.create()
-        hb = Heartbeat(worker=account.address, pool_id=self.pool_id, policy_version=None)
+        hb = Heartbeat(worker=account.address, pool_id=self.pool_id)
         hb = hb.model_dump_json().encode()
         captured: list[httpx.Request] = []
         signed = httpx.Client(
@@ -91,10 +91,10 @@ def verdicts(net: LocalNetwork) -> dict[str, dict[str, object]]:
     try:
         for _, fields in r.xrange(streams.ROLLOUTS_VERIFIED):
             v = streams.decode(VerifiedRollout, fields)
-            out[v.worker.lower()]["accepted"] += 1  # type: ignore[operator]
+            out[v.worker]["accepted"] += 1  # type: ignore[operator]
         for _, fields in r.xrange(streams.ROLLOUTS_REJECTED):
             d = streams.decode(Verdict, fields)
-            out[d.worker.lower()]["rejected"][str(d.reason)] += 1  # type: ignore[index]
+            out[d.worker]["rejected"][str(d.reason)] += 1  # type: ignore[index]
     finally:
         r.close()
     return out
@@ -107,11 +107,11 @@ def run(s: LocalNetworkSettings, hostile: bool) -> dict[str, object]:
     flooder = None
     try:
         net.start()
-        honest = [a.lower() for a in net.topo.workers]
+        honest = [normal_address(a) for a in net.topo.workers]
         if hostile:
             for kind in KINDS:
                 address = net.add_worker([sys.executable, str(CHEATER), kind], env=CHEATER_ENV)
-                cheaters[address.lower()] = kind
+                cheaters[normal_address(address)] = kind
             flooder = Flooder(net.topo.orchestrator_url, net.topo.pool_id)
             flooder.start()
         deadline = time.monotonic() + s.timeout_s
@@ -132,7 +132,7 @@ def run(s: LocalNetworkSettings, hostile: bool) -> dict[str, object]:
         net.stop_validators()  # each flushes its queued attestations and slashes first
         books = verdicts(net)
         ledger = LedgerClient(net.topo.rpc_url, net.topo.ledger, account=None, timeout=30)
-        slashed = {e.worker.lower() for e in ledger.worker_slashed_events(net.topo.pool_id)}
+        slashed = {normal_address(e.worker) for e in ledger.worker_slashed_events(net.topo.pool_id)}
     finally:
         net.stop()
     result: dict[str, object] = {

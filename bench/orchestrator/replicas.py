@@ -53,7 +53,12 @@ from prime_swarm.libs.localnet.redis_server import RedisServer
 from prime_swarm.libs.streams.connection import connect_async
 from prime_swarm.libs.streams.consumer import ensure_group
 from prime_swarm.protocol import streams
-from prime_swarm.protocol.messages import PROTOCOL_VERSION, LeaseRequest, SubmittedRollout
+from prime_swarm.protocol.messages import (
+    PROTOCOL_VERSION,
+    LeaseRequest,
+    SubmittedRollout,
+    normal_address,
+)
 from prime_swarm.protocol.signing import sign_request
 from prime_swarm.services.orchestrator.settings import OrchestratorSettings
 from prime_swarm.services.orchestrator.state import OPEN_LEASES, LeaseBook
@@ -110,7 +115,7 @@ async def _worker(
                 continue
             reply = json.loads(data)
             granted = reply["leases"]
-            out["grants"] += [(g["lease_id"], g["worker"].lower(), g["work_id"], g["task_id"])
+            out["grants"] += [(g["lease_id"], g["worker"], g["work_id"], g["task_id"])
                               for g in granted]  # fmt: skip
             stock.extend(granted)
             if not granted:
@@ -161,7 +166,7 @@ async def _watch(leases: LeaseBook, workers: Sequence[str], share: int, until: f
     """Every 20 ms: groups in flight (the grant script's own count, atomic) and the largest
     number of open leases one worker holds."""
     r = leases.redis
-    keys = [OPEN_LEASES.format(worker=w.lower()) for w in workers]
+    keys = [OPEN_LEASES.format(worker=normal_address(w)) for w in workers]
     busiest = r.register_script(
         "local m = 0 for _, k in ipairs(KEYS) do "
         "local n = redis.call('ZCOUNT', k, '(' .. ARGV[1], '+inf') if n > m then m = n end end "

@@ -245,9 +245,7 @@ class SimWorker:
         self.rng = random.Random(seed)
         self.completions = completions_json(cfg.group_size, cfg.tokens, seed)
         self.prompt = json.dumps(list(range(1, PROMPT_TOKENS + 1)))
-        self.heartbeat_body = Heartbeat(
-            worker=self.address, pool_id=cfg.pool_id, policy_version=cfg.policy_version
-        ).model_dump_json()
+        self.heartbeat_body = Heartbeat(worker=self.address, pool_id=cfg.pool_id).model_dump_json()
         self.next_heartbeat = 0.0
 
     # -- bodies
