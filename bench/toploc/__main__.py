@@ -295,15 +295,8 @@ class Validator:
         ]
         # As the validator service runs: its own device class known, so that work declared
         # from it is also held to its declared-precision numbers and a failed recheck slashes.
-        for i, j in zip(live, verify.verify_batch(works, 1e-6, device_class=HERE), strict=True):
-            final = verify.settle(j, entries[i].submission.device_class == HERE)
-            if final == "accept":
-                verdicts[i] = "accepted"
-            elif final == "held":
-                verdicts[i] = "held_for_recheck"
-            else:
-                rej = j.second_opinion or j.refusal
-                verdicts[i] = rej.reason if rej else "CRASH no refusal"
+        for i, d in zip(live, verify.verify_batch(works, 1e-6, device_class=HERE), strict=True):
+            verdicts[i] = "accepted" if d.refusal is None else d.refusal.reason
         return verdicts
 
 

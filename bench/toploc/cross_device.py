@@ -3,7 +3,7 @@ bench/results/toploc.json.
 
 Workers generate and prove on the GPU (`cuda-hf-bf16`: the `hf` engine in bf16). Every honest
 group is judged by a CPU validator (this machine's CPU) and by a GPU validator, through the
-validator's own decision (libs/rollout/verify.verify_batch, then settle); work either one holds
+validator's own decision (libs/rollout/verify.verify_batch, settled); work either one holds
 is settled by a validator of the class the worker declared, as in a pool. The weight cheats
 (int8, int4, a 1 %-RMS neighbour; fp8 measured) generate on the GPU too, judged the same way.
 On the 104M Qwen2 the CPU stand-in for another device class (`emu-gpu-bf16`,

@@ -1,5 +1,5 @@
 """Honest work and cheats, per model and per prover/validator pair, through the validator's
-real decision (libs/rollout/verify.verify_batch, then settle): the `models` section of
+real decision (libs/rollout/verify.verify_batch, settled): the `models` section of
 bench/results/toploc.json, and the command that recalibrates for a new model or device class.
 The one calibration bench: the limits of libs/rollout/calibration.py are set from this section
 (with multi_turn.py's replay figures for the validator's own class).
@@ -51,7 +51,7 @@ from prime_swarm.libs.model.tokenizer import build_tokenizer, decode
 from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rollout.calibration import ACCEPTANCE
 from prime_swarm.libs.rollout.recompute import prefill_hidden
-from prime_swarm.libs.rollout.verify import Judgement, Work, settle, verify_batch
+from prime_swarm.libs.rollout.verify import Judgement, Work, verify_batch
 from prime_swarm.libs.toploc import build_proofs_batch, group_contexts
 from prime_swarm.protocol.messages import (
     CompletionSample,
@@ -331,13 +331,10 @@ class Validator:
         torch.set_num_threads(self.threads)
         try:
             works = [Work(e, self.policy) for e in entries]
-            judged = verify_batch(works, device_class=self.device_class)
+            decisions = verify_batch(works, device_class=self.device_class)
         finally:
             torch.set_num_threads(2)
-        return [
-            (settle(j, e.submission.device_class == self.device_class), j)
-            for e, j in zip(entries, judged, strict=True)
-        ]
+        return [(d.action, d.judgement) for d in decisions]
 
 
 def validators(lm: CausalLM) -> list[Validator]:

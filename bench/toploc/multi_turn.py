@@ -12,9 +12,9 @@ The model is the tiny one warm-started on the multi-turn game (`guess-number`: t
 the environment replies higher or lower), so that most branches hold several turns. Honest
 groups are the worker's own path (libs/rollout/answer.start_leases: episodes played turn by
 turn, one proof prefill per branch); the validator is the service's decision path in process
-(admission, prompt and shape checks, verify_batch, settle). A cheater runs the right model and
-rebuilds its proofs over whatever it submits; each attack leaves everything else honest, so
-only the check meant for it stands between the cheat and an accepted rollout:
+(admission, prompt and shape checks, verify_batch's settled decision). A cheater runs the
+right model and rebuilds its proofs over whatever it submits; each attack leaves everything else
+honest, so only the check meant for it stands between the cheat and an accepted rollout:
 
 - forged_tool_output: the environment's reply after turn 0 replaced by another reply (the
   other direction), later turns sampled honestly from the forged context;
@@ -148,15 +148,11 @@ def validate(
             continue
         works.append(verify.Work(e, p))
         at.append(i)
-    for i, j in zip(at, verify.verify_batch(works, 1e-6, device_class=HERE), strict=True):
+    for i, d in zip(at, verify.verify_batch(works, 1e-6, device_class=HERE), strict=True):
         if replays is not None:
-            replays.add(j)
-        final = verify.settle(j, entries[i].submission.device_class == HERE)
-        rej = j.second_opinion or j.refusal
-        if final == "held":  # a suspect from another device class, left for a validator of it
-            out[i] = "held_for_recheck"
-        else:
-            out[i] = "accepted" if final == "accept" else (rej.reason if rej else str(final))
+            replays.add(d.judgement)
+        # Held: a suspect from another device class, left for a validator of it.
+        out[i] = "accepted" if d.refusal is None else d.refusal.reason
     return out
 
 

@@ -500,7 +500,7 @@ def second_opinion(
 
 
 # --------------------------------------------------------------------------- a batch
-Action = Literal["accept", "hold", "reject"]
+Settled = Literal["accept", "reject", "held"]
 
 
 @dataclass
@@ -508,11 +508,11 @@ class Decision:
     """The settled verdict on one group: what the validator service encodes and commits.
 
     `accept`: trained on and attested; `reject`: refused, and slashed unless its reason is not
-    the worker's fault; `hold`: a suspect this validator cannot settle, neither trained on nor
+    the worker's fault; `held`: a suspect this validator cannot settle, neither trained on nor
     slashed, for a validator of the worker's device class. `refusal` says why (None when
     accepted); `judgement` is the first opinion and its evidence, for logs and metrics."""
 
-    action: Action
+    action: Settled
     refusal: Refusal | None
     judgement: Judgement
 
@@ -628,9 +628,6 @@ def judge_one(
         )
 
 
-Settled = Literal["accept", "reject", "held"]
-
-
 def settle(judgement: Judgement, same_device_class: bool) -> Settled:
     """The rule that settles a judgement. A suspect is accepted when the second opinion clears
     it; rejected (and slashed) only when that opinion, recomputed on the worker's declared
@@ -658,7 +655,7 @@ def decide(judgement: Judgement, worker_class: str, validator_class: str | None)
             f"({second}) cannot settle work from {worker_class}: held for a validator of that "
             "class"
         )
-        return Decision("hold", Refusal("held_for_recheck", detail), judgement)
+        return Decision("held", Refusal("held_for_recheck", detail), judgement)
     refusal = judgement.second_opinion or judgement.refusal
     assert refusal is not None, "a rejected judgement names its refusal"
     return Decision("reject", refusal, judgement)

@@ -212,7 +212,7 @@ class Validator:
         """The settled decision encoded: a verdict, and the trainer's rollout when accepted."""
         if d.suspect:
             j = d.judgement
-            metrics.SUSPECTS.labels("held" if d.action == "hold" else d.action).inc()
+            metrics.SUSPECTS.labels(d.action).inc()
             log.info(
                 "suspect",
                 extra={

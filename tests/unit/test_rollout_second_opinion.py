@@ -189,7 +189,7 @@ def test_a_cheating_suspect_is_slashed_only_by_its_own_device_class(
     assert own.action == "reject" and own.refusal == j.second_opinion and own.completions == []
     # Declared another class than the validator's: the recheck cannot slash it; it is held.
     held = decide(j, "another", HERE)
-    assert held.action == "hold" and held.refusal is not None and held.completions == []
+    assert held.action == "held" and held.refusal is not None and held.completions == []
     assert held.refusal.reason == "held_for_recheck" and "another" in held.refusal.detail
 
 
@@ -198,7 +198,7 @@ def test_without_recheck_a_suspect_is_held(
 ) -> None:
     (d,) = verify_batch([Work(honest, policy)], recheck=False)
     assert d.judgement.outcome == "suspect" and not d.judgement.rechecked
-    assert d.action == "hold" and d.completions == []
+    assert d.action == "held" and d.completions == []
 
 
 def test_at_real_limits_the_tampered_token_is_rejected_outright(
