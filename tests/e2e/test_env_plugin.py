@@ -79,6 +79,9 @@ def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return site
 
 
+# Slow (35 s): a whole pool again. The default suite keeps the plugin's discovery and its leases
+# (below) and the whole network in tests/e2e/test_network.py.
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_pool_runs_on_an_installed_environment_package(
     plugin_site: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch

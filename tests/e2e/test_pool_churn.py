@@ -28,6 +28,12 @@ from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import Lease, StepProgress, Verdict, VerifiedRollout
 from prime_swarm.services.orchestrator.state import LEASE, OPEN_LEASES, REISSUED, SUBMITTED
 
+# Slow (37 s: a whole training run with a crash, a join and a leave). The default suite keeps each
+# part where it is made: leases reissued after expiry (tests/integration/
+# test_orchestrator_scheduling.py), consumers reclaiming a dead one's entries
+# (test_streams_recovery.py), every rollout's fate told apart (test_chaos_accounting.py).
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS = 400  # a cap: the test stops the trainer a few steps after the churn is done
 AFTER_LEAVE = 4  # steps trained after the last worker change before the run is ended

@@ -18,6 +18,10 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 2
 
 
+# Slow (47 s): the 30-layer model through a whole pool. The default suite keeps SmolLM2's
+# verification in process (tests/integration/test_smollm2_verification.py: honest work accepted
+# against the fp32 reference, int8 weights rejected) and the whole network on the tiny model.
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_smollm2_rollouts_are_verified_attested_and_trained(
     tmp_path_factory: pytest.TempPathFactory,

@@ -137,6 +137,9 @@ def test_a_taskset_the_validator_cannot_rerun_is_refused_at_start(on_path, tasks
         Recipe(env="verifiers", env_args={"taskset": taskset})
 
 
+# Slow (30 s): a whole pool again. The default suite keeps the taskset's own reward and the
+# refusals at start (above) and the whole network in tests/e2e/test_network.py.
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_pool_trains_on_a_verifiers_taskset(
     on_path: Path, tmp_path_factory: pytest.TempPathFactory

@@ -17,6 +17,8 @@ from types import SimpleNamespace
 import pytest
 import redis
 from redis.asyncio import Redis as AsyncRedis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from rollout_messages import submission_for
 
 from prime_swarm.deploy import compose_secrets, redis_acl
@@ -257,7 +259,9 @@ def test_no_role_can_administer_the_server(acl_redis: SimpleNamespace) -> None:
 
 
 def test_without_credentials_nothing_is_possible(acl_redis: SimpleNamespace) -> None:
-    anonymous = redis.Redis.from_url(acl_redis.server.url, socket_timeout=5)
+    # No retries: redis-py retries a refused login with backoff, which only slows the refusal.
+    once = Retry(NoBackoff(), 0)
+    anonymous = redis.Redis.from_url(acl_redis.server.url, socket_timeout=5, retry=once)
     try:
         with pytest.raises(redis.exceptions.AuthenticationError):
             anonymous.ping()
@@ -272,7 +276,11 @@ def test_without_credentials_nothing_is_possible(acl_redis: SimpleNamespace) -> 
         ("worker", acl_redis.passwords["orchestrator"]),  # workers have no user
     ):
         client = redis.Redis(
-            port=acl_redis.server.port, username=user, password=password or None, socket_timeout=5
+            port=acl_redis.server.port,
+            username=user,
+            password=password or None,
+            socket_timeout=5,
+            retry=once,
         )
         try:
             with pytest.raises(redis.exceptions.AuthenticationError):
