@@ -32,16 +32,18 @@ def imported_modules(path: Path) -> set[str]:
     package, so `from ..rl import x` counts like `from prime_swarm.libs.rl import x`. For
     `from P import n` both P and P.n are named, since n may be a module (`from .. import rl`)."""
     package = ["prime_swarm", *path.parent.relative_to(ROOT).parts]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            module = ".".join([*base, *([node.module] if node.module else [])])
-            found.add(module)
-            found.update(f"{module}.{alias.name}" for alias in node.names if alias.name != "*")
-        elif isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-    return found
+    return {m for node in ast.walk(ast.parse(path.read_text())) for m in names(node, package)}
+
+
+def names(node: ast.AST, package: list[str]) -> set[str]:
+    """The modules one import statement names (none for any other node)."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names}
+    if not isinstance(node, ast.ImportFrom):
+        return set()
+    base = package[: len(package) - node.level + 1] if node.level else []
+    module = ".".join([*base, *([node.module] if node.module else [])])
+    return {module, *(f"{module}.{alias.name}" for alias in node.names if alias.name != "*")}
 
 
 def within(module: str, package: str) -> bool:
@@ -179,14 +181,8 @@ def import_time_modules(path: Path) -> set[str]:
 
     def walk(body: list[ast.stmt]) -> None:
         for node in body:
-            if isinstance(node, ast.ImportFrom):
-                base = package[: len(package) - node.level + 1] if node.level else []
-                module = ".".join([*base, *([node.module] if node.module else [])])
-                found.add(module)
-                found.update(f"{module}.{a.name}" for a in node.names if a.name != "*")
-            elif isinstance(node, ast.Import):
-                found.update(a.name for a in node.names)
-            elif isinstance(node, ast.If):
+            found.update(names(node, package))
+            if isinstance(node, ast.If):
                 if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
                     walk(node.body)
                 walk(node.orelse)
