@@ -41,7 +41,9 @@ def run(machine: type[LedgerMachine], examples: int) -> dict[str, object]:
     try:
         run_state_machine_as_test(machine, settings=settings(SETTINGS, max_examples=examples))
     except AssertionError as e:
-        failure = str(e).strip().splitlines()[0][:300]
+        # A bare `assert` carries no message: the failure is then named by its type.
+        lines = str(e).strip().splitlines()
+        failure = (lines[0] if lines else type(e).__name__)[:300]
     return {
         "transactions": machine.transactions,
         "reverted": machine.reverted,
