@@ -8,13 +8,37 @@ staleness bound can never drift apart. Settings only one service uses live in th
 from __future__ import annotations
 
 import json
+import math
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prime_swarm.libs.environments import Env, env_factory, load_env
 from prime_swarm.libs.environments.reward import LengthReward
 from prime_swarm.protocol.messages import EnvArgs
+
+
+class EnvShare(BaseModel):
+    """One environment of a mixture: what it is built with and its share of the leases."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    env: str = Field(description="Installed environment (entry-point name).")
+    args: EnvArgs = Field(default_factory=dict, description="Its arguments (JSON).")
+    weight: float = Field(1.0, gt=0, le=1e6, description="Relative share of the leases.")
+
+    @field_validator("env")
+    @classmethod
+    def _installed(cls, name: str) -> str:
+        env_factory(name)
+        return name
+
+    @field_validator("args")
+    @classmethod
+    def _builds(cls, args: dict, info: ValidationInfo) -> dict:
+        if "env" in info.data:  # else the name's own error is the one to report
+            load_env(info.data["env"], args)
+        return args
 
 
 class Recipe(BaseSettings):
@@ -27,6 +51,13 @@ class Recipe(BaseSettings):
     )
     env_args: EnvArgs = Field(
         default_factory=dict, description="Arguments the environment is built with (JSON)."
+    )
+    mixture: list[EnvShare] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Several environments, each with its arguments and a weight "
+        '(JSON: [{"env": "addition", "weight": 2}, {"env": "reasoning-gym", "args": {...}}]); '
+        "leases are drawn by weight. Empty: the one environment `env` with `env_args`.",
     )
     group_size: int = Field(8, ge=1, le=64, description="Completions per leased prompt (a group).")
     temperature: float = Field(1.0, gt=0, le=4, description="Sampling temperature of every lease.")
@@ -63,9 +94,51 @@ class Recipe(BaseSettings):
             load_env(info.data["env"], args)
         return args
 
-    def environment(self) -> Env:
-        """The environment this recipe names, built with its arguments."""
-        return load_env(self.env, self.env_args)
+    @field_validator("mixture")
+    @classmethod
+    def _one_share_each(cls, shares: list[EnvShare]) -> list[EnvShare]:
+        # Task ids, per-environment reports and held-out sets are keyed by the environment's
+        # name, so one name may appear once (a dataset mix inside one environment is that
+        # environment's own argument, e.g. reasoning-gym's `composite`).
+        names = [s.env for s in shares]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"environment {', '.join(map(repr, repeated))} is named twice")
+        if not math.isfinite(sum(s.weight for s in shares)):
+            raise ValueError("weights must sum to a finite number")
+        return shares
+
+    def shares(self) -> list[EnvShare]:
+        """The pool's environments with their weights: the mixture, or the one environment."""
+        if self.mixture:
+            return list(self.mixture)
+        return [EnvShare.model_construct(env=self.env, args=self.env_args, weight=1.0)]
+
+    def env_names(self) -> list[str]:
+        return [s.env for s in self.shares()]
+
+    def environments(self) -> dict[str, Env]:
+        """Every environment of the pool, built with its arguments, by name."""
+        return {s.env: load_env(s.env, s.args) for s in self.shares()}
+
+    def environment(self, name: str | None = None) -> Env:
+        """Environment `name` of the pool (by default the first: the only one without a
+        mixture)."""
+        shares = {s.env: s for s in self.shares()}
+        share = shares[name] if name is not None else next(iter(shares.values()))
+        return load_env(share.env, share.args)
+
+    def pick(self, draw: int) -> EnvShare:
+        """The share a lease's draw (a uniform 48-bit integer) lands in, by weight: a pure
+        function, so every replica of the orchestrator picks alike."""
+        shares = self.shares()
+        total = sum(s.weight for s in shares)
+        point = draw / 2**48 * total
+        for share in shares:
+            point -= share.weight
+            if point < 0:
+                return share
+        return shares[-1]
 
     def env_vars(self) -> dict[str, str]:
         """This recipe as the environment variables that reproduce it in another process."""
