@@ -475,6 +475,9 @@ RejectReason = Literal[
     "duplicate",
     "malformed",
     "held_for_recheck",
+    # Refused on what an environment said, when the environment disagrees with itself: its bug,
+    # not the worker's (libs/rollout/verify.py `environment_second_look`); never slashed.
+    "env_nondeterministic",
 ]
 
 
