@@ -210,11 +210,34 @@ class RegisterRequest(Versioned):
     )
 
 
+EnvArgs = Annotated[
+    dict[str, JsonValue],
+    Field(
+        max_length=64,
+        description="The environment's arguments, as the pool's recipe sets them "
+        "(PRIME_RECIPE_ENV_ARGS); worker and validator build the environment from them.",
+    ),
+]
+
+
+class PoolEnvironment(Message):
+    """One environment the pool leases tasks from (of a mixture, or the only one)."""
+
+    env: str
+    env_args: EnvArgs = Field(default_factory=dict)
+    weight: float = Field(default=1.0, gt=0, le=1e6)
+
+
 class RegisterReply(Versioned):
     worker: Address
     pool_id: int
     heartbeat_interval_s: float
     policy: PolicyInfo | None
+    environments: list[PoolEnvironment] = Field(
+        default_factory=list,
+        max_length=32,
+        description="The pool's environments: a worker that cannot build one says so at start.",
+    )
 
 
 class Heartbeat(Versioned):
@@ -259,15 +282,6 @@ class ChatMessage(Message):
 # What an environment asks the model: raw text, or chat messages for the model's chat template
 # (libs/model/tokenizer.prompt_ids is the one rule that turns either into tokens).
 Prompt = str | Annotated[list[ChatMessage], Field(min_length=1, max_length=64)]
-
-EnvArgs = Annotated[
-    dict[str, JsonValue],
-    Field(
-        max_length=64,
-        description="The environment's arguments, as the pool's recipe sets them "
-        "(PRIME_RECIPE_ENV_ARGS); worker and validator build the environment from them.",
-    ),
-]
 
 
 class Lease(Versioned):
@@ -514,6 +528,7 @@ class VerifiedRollout(Versioned):
 
     submission_id: str
     worker: Address
+    env: str = Field(default="", description="The lease's environment (a mixture's reports).")
     task_id: str
     policy_version: int
     sampling: SamplingParams = Field(description="The lease's sampling, for the GRPO ratio.")
@@ -536,6 +551,16 @@ class StepProgress(Message):
     mean_reward: float = Field(description="Mean total reward of the step's completions.")
     reward_task: float = Field(default=0.0, description="Mean task part of the reward.")
     reward_length: float = Field(default=0.0, description="Mean thinking-budget part.")
+    reward_by_env: dict[str, float] = Field(
+        default_factory=dict, description="Mean task reward of this step's completions, by env."
+    )
+    groups_by_env: dict[str, int] = Field(
+        default_factory=dict, description="This step's groups, by environment."
+    )
+    zero_advantage_by_env: dict[str, int] = Field(
+        default_factory=dict,
+        description="Groups so far whose completions all scored alike (trained or dropped).",
+    )
     groups: int
     completions: int = Field(default=0, description="Completions in the step's batch.")
     policy_lag_mean: float = Field(description="Mean consumption lag (versions) of the batch.")

@@ -23,6 +23,7 @@ from prime_swarm.libs.localnet.ports import free_port
 from prime_swarm.libs.localnet.process import ManagedProcess, ProcessFailed
 from prime_swarm.libs.localnet.redis_ha import RedisHA
 from prime_swarm.libs.localnet.redis_server import RedisServer
+from prime_swarm.protocol import selection_records
 from prime_swarm.protocol.messages import StepProgress
 from prime_swarm.services.trainer import progress
 
@@ -143,6 +144,11 @@ class LocalNetwork:
                 "PRIME_ORCH_EJECT_AFTER_S": "120",
                 "PRIME_ORCH_LEASE_TTL_S": str(self.settings.lease_ttl_s),
                 "PRIME_ORCH_TASK_SEED": str(self.settings.task_seed),
+                **(
+                    {"PRIME_ORCH_TRAIN_TASKS": str(self.settings.train_tasks)}
+                    if self.settings.train_tasks is not None
+                    else {}
+                ),
                 # Groups in flight, not counting the batch the trainer has taken: one step's
                 # worth. Measured (bench/trainer): 1.25-1.5 steps dropped 3-4x the
                 # groups as stale for no more trained completions per second.
@@ -382,6 +388,21 @@ class LocalNetwork:
         """Rollouts submitted, verified and rejected (with the reasons) over the whole run."""
         self.read_books()
         return self.books.counts()
+
+    def selection_counts(self) -> dict[str, dict[str, int]]:
+        """What live prompt selection did, by environment: tasks drawn, skipped (a lease, a
+        group's generations and a validation saved each), explored and forced."""
+        assert self.redis is not None
+        r = self.redis.client()
+        try:
+            raw = r.hgetall(selection_records.COUNTS)
+        finally:
+            r.close()
+        counts: dict[str, dict[str, int]] = {}
+        for key, n in raw.items():
+            env, what = key.decode().rsplit(":", 1)
+            counts.setdefault(env, {})[what] = int(n)
+        return counts
 
     def _ledger(self) -> LedgerClient:
         """The pool's ledger, read only."""

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, JsonValue, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prime_swarm.libs.rl.defaults import RL, WARM_START
-from prime_swarm.libs.rollout.recipe import Recipe
+from prime_swarm.libs.rollout.recipe import EnvShare, Recipe
+from prime_swarm.libs.rollout.selection import PromptSelection
 from prime_swarm.protocol.messages import BackendName
 
 ModelName = Literal["tiny", "smollm2"]
@@ -83,6 +85,25 @@ class LocalNetworkSettings(BaseSettings):
         "sets the recipe's env (PRIME_RECIPE_ENV) for every service and the warm start. "
         "guess-number is a multi-turn game the tiny model learns.",
     )
+    env_args: dict[str, JsonValue] | None = Field(
+        None,
+        description="Arguments of the environment (JSON, e.g. "
+        '\'{"dataset": "basic_arithmetic"}\'): sets PRIME_RECIPE_ENV_ARGS, checked against '
+        "the environment --env names.",
+    )
+    mixture: list[EnvShare] | None = Field(
+        None,
+        description="Several environments, each with its arguments and a weight (JSON: "
+        '\'[{"env": "addition", "weight": 2}, {"env": "reasoning-gym", "args": {...}}]\'); '
+        "leases are drawn by weight and held-out accuracy is reported per environment. "
+        "Sets PRIME_RECIPE_MIXTURE; not with --env.",
+    )
+    select_prompts: bool | None = Field(
+        None,
+        description="Live prompt selection: skip prompts whose last group all passed or all "
+        "failed, with an exploration floor (sets the recipe's selection; PRIME_RECIPE_SELECTION "
+        "sets its thresholds).",
+    )
     runs_dir: Path = Field(Path("runs"), description="Each run gets runs/<timestamp>/.")
     cache_dir: Path = Field(Path(".cache"), description="Built models, reused across runs.")
     model_seed: int = Field(0, description="Seed of the tiny model and its warm start.")
@@ -90,6 +111,12 @@ class LocalNetworkSettings(BaseSettings):
         0,
         description="Seed of the pool's training task stream and the trainer's RNG: runs that "
         "differ in it measure the spread of an outcome (workers sample from random seeds).",
+    )
+    train_tasks: int | None = Field(
+        None,
+        ge=1,
+        description="Train tasks per environment the pool leases, cycled as a finite dataset "
+        "is (PRIME_ORCH_TRAIN_TASKS); None: the environment's whole train split.",
     )
     warm_start_steps: int = Field(WARM_START.steps, description="SFT steps of the warm start.")
     workers: int = Field(
@@ -181,14 +208,6 @@ class LocalNetworkSettings(BaseSettings):
         "`prime-worker join` line), until Ctrl-C.",
     )
 
-    @model_validator(mode="after")
-    def _env_flag(self) -> LocalNetworkSettings:
-        """`env` names the recipe's environment (over PRIME_RECIPE_ENV and any preset)."""
-        if self.env is not None and self.env != self.recipe.env:
-            given = self.recipe.model_dump(include=self.recipe.model_fields_set - {"env_args"})
-            self.recipe = Recipe(**{**given, "env": self.env})
-        return self
-
     @model_validator(mode="before")
     @classmethod
     def _env_preset(cls, data: Any) -> Any:
@@ -214,13 +233,29 @@ class LocalNetworkSettings(BaseSettings):
             for k, v in REAL_MODEL_PRESET.items()
             if cls.model_fields[k].default == LocalNetworkSettings.model_fields[k].default
         }
-        data = {**preset, **data}
-        if "recipe" not in data:
-            given = Recipe()  # PRIME_RECIPE_* variables the user set win over the preset
-            data["recipe"] = Recipe(
-                **{**REAL_MODEL_RECIPE, **given.model_dump(include=given.model_fields_set)}
-            )
-        return data
+        return {**preset, **data}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _recipe(cls, data: Any) -> Any:
+        """The recipe from, highest first: the flags that set part of it (--env, --env-args,
+        --mixture, --select-prompts), the PRIME_RECIPE_* variables, the model's preset. Built
+        once, so that arguments are checked against the environment they are for."""
+        if not isinstance(data, dict) or "recipe" in data:
+            return data
+        prefix = "prime_recipe_"
+        from_vars = {k.lower()[len(prefix) :] for k in os.environ if k.lower().startswith(prefix)}
+        preset = REAL_MODEL_RECIPE if data.get("model") == "smollm2" else {}
+        values = {k: v for k, v in preset.items() if k not in from_vars}
+        if data.get("env") is not None and data.get("mixture") is not None:
+            raise ValueError("--env and --mixture: give one (a mixture names its environments)")
+        for flag in ("env", "env_args", "mixture"):
+            if data.get(flag) is not None:
+                values[flag] = data[flag]
+        if data.get("select_prompts") is not None:
+            selection = Recipe().selection if "selection" in from_vars else PromptSelection()
+            values["selection"] = selection.model_copy(update={"enabled": data["select_prompts"]})
+        return {**data, "recipe": Recipe(**values)}
 
 
 class ChaosSettings(LocalNetworkSettings):

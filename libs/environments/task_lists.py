@@ -13,7 +13,7 @@ pass rates come from playing the tasks under a policy (`libs/rollout/evaluate.pa
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -80,8 +80,9 @@ def save_task_list(
     return out
 
 
-def load_task_list(path: str | Path, env: Env) -> list[str]:
-    """The task ids of a task list for `env`; ValueError says what is wrong with the file."""
+def load_task_list(path: str | Path, envs: Mapping[str, Env]) -> tuple[str, list[str]]:
+    """The environment a task list is for (one of the pool's `envs`) and its task ids;
+    ValueError says what is wrong with the file."""
     p = Path(path)
     try:
         size = p.stat().st_size
@@ -98,8 +99,10 @@ def load_task_list(path: str | Path, env: Env) -> list[str]:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "document"
         raise ValueError(f"task file {p} is not a task list: {where}: {first['msg']}") from exc
-    if doc.env != env.name:
-        raise ValueError(f"task file {p} lists {doc.env!r} tasks, but the env is {env.name!r}")
+    if doc.env not in envs:
+        pool = ", ".join(map(repr, envs))
+        raise ValueError(f"task file {p} lists {doc.env!r} tasks, but the pool's env is {pool}")
+    env = envs[doc.env]
     if not doc.tasks:
         raise ValueError(f"task file {p} lists no tasks (is the band {list(doc.band)} too tight?)")
     for t in doc.tasks:
@@ -110,7 +113,7 @@ def load_task_list(path: str | Path, env: Env) -> list[str]:
             raise ValueError(f"task file {p}: {exc}") from exc
         if split != "train":
             raise ValueError(f"task file {p}: {t.task_id!r} is not a train task")
-    return [t.task_id for t in doc.tasks]
+    return doc.env, [t.task_id for t in doc.tasks]
 
 
 def histogram(rates: dict[str, float], bins: int = 5) -> list[int]:

@@ -16,6 +16,11 @@ class WarmStartConfig(BaseModel):
 
     env: str = Field("reverse", description="Registered env whose train split gives demos.")
     env_args: dict[str, Any] = Field(default_factory=dict, description="The env's arguments.")
+    mixture: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Several envs ({env, args, weight} each, as the recipe's mixture): each "
+        "demonstration's env is drawn by weight. Empty: `env` alone.",
+    )
     steps: int = Field(400, ge=0, description="SFT optimizer steps.")
     batch_size: int = Field(64, ge=1, description="Demonstrations per SFT step.")
     lr: float = Field(3e-3, description="Peak AdamW learning rate for SFT (cosine decay).")

@@ -11,7 +11,7 @@ without knowing environments or episodes.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prime_swarm.libs.environments.base import Env, Task
 from prime_swarm.libs.model.causal_lm import CausalLM
@@ -49,20 +49,34 @@ def demonstrated(
 
 
 def demonstration_batches(
-    env: Env, model: CausalLM, *, seed: int, batch_size: int, error_rate: float
+    envs: Env | Sequence[tuple[Env, float]],
+    model: CausalLM,
+    *,
+    seed: int,
+    batch_size: int,
+    error_rate: float,
 ) -> Callable[[int], list[Demonstration]]:
-    """Step k's batch of `batch_size` demonstrations on train tasks. One random stream over all
-    steps, so ask for the steps in order, each once: then the same seed gives the same data."""
+    """Step k's batch of `batch_size` demonstrations on train tasks, of one environment or of
+    a mixture (each row's environment drawn by weight). One random stream over all steps, so
+    ask for the steps in order, each once: then the same seed gives the same data."""
+    mixture = [(envs, 1.0)] if isinstance(envs, Env) else list(envs)
     rng = random.Random(seed)
     tok = model.tokenizer
 
     def batch(step: int) -> list[Demonstration]:
+        if len(mixture) == 1:
+            counts = {0: batch_size}
+        else:
+            drawn = rng.choices(range(len(mixture)), [w for _, w in mixture], k=batch_size)
+            counts = {i: drawn.count(i) for i in range(len(mixture)) if i in drawn}
         rows: list[Demonstration] = []
-        for task in env.sample_tasks(seed * 1_000_003 + step, batch_size, "train"):
-            prompt = prompt_ids(tok, task.prompt)
-            turns = env.demonstration(task, rng, error_rate)
-            completion, spans = demonstrated(env, task, model, prompt, turns)
-            rows.append((prompt, completion, sampled_mask(spans, len(completion))))
+        for i, n in counts.items():
+            env = mixture[i][0]
+            for task in env.sample_tasks(seed * 1_000_003 + step, n, "train"):
+                prompt = prompt_ids(tok, task.prompt)
+                turns = env.demonstration(task, rng, error_rate)
+                completion, spans = demonstrated(env, task, model, prompt, turns)
+                rows.append((prompt, completion, sampled_mask(spans, len(completion))))
         return rows
 
     return batch

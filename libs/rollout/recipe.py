@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prime_swarm.libs.environments import Env, env_factory, load_env
 from prime_swarm.libs.environments.reward import LengthReward
+from prime_swarm.libs.rollout.selection import PromptSelection
 from prime_swarm.protocol.messages import EnvArgs
 
 
@@ -77,6 +78,10 @@ class Recipe(BaseSettings):
     length_reward: LengthReward = Field(
         default_factory=LengthReward,
         description="Thinking budgets in prompts and the length reward (off unless budgets).",
+    )
+    selection: PromptSelection = Field(
+        default_factory=PromptSelection,
+        description='Live prompt selection by pass rate (JSON, e.g. {"enabled": true}).',
     )
 
     # A recipe that names an environment that is not installed, does not import or refuses its

@@ -40,9 +40,10 @@ def _marker_matches(out: Path, params: dict[str, object]) -> bool:
 
 
 def _train(model: CausalLM, cfg: WarmStartConfig, seed: int, progress: Progress | None) -> None:
-    env = load_env(cfg.env, cfg.env_args)
+    shares = cfg.mixture or [{"env": cfg.env, "args": cfg.env_args, "weight": 1.0}]
+    envs = [(load_env(x["env"], x.get("args")), float(x.get("weight", 1.0))) for x in shares]
     batches = demonstration_batches(
-        env, model, seed=seed, batch_size=cfg.batch_size, error_rate=cfg.error_rate
+        envs, model, seed=seed, batch_size=cfg.batch_size, error_rate=cfg.error_rate
     )
     train_sft(model, batches, steps=cfg.steps, lr=cfg.lr, progress=progress)
 
@@ -81,7 +82,9 @@ def warm_start(
     cfg = WarmStartConfig.model_validate({**cfg.model_dump(), **overrides})
     out = Path(out_dir)
     model, base_params = _base(base)
-    params = {"recipe": RECIPE_VERSION, "seed": seed, **base_params, **cfg.model_dump()}
+    # An empty mixture is left out, so warm starts cached before mixtures existed still match.
+    trained_on = cfg.model_dump(exclude={"mixture"} if not cfg.mixture else set())
+    params = {"recipe": RECIPE_VERSION, "seed": seed, **base_params, **trained_on}
     with _exclusive(out):
         if _marker_matches(out, params):
             return out

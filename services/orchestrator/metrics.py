@@ -19,3 +19,12 @@ IN_FLIGHT = Gauge(
 WORKERS_EJECTED = Counter(
     "orchestrator_workers_ejected_total", "Silent workers ejected on chain with the owner's key"
 )
+PROMPTS_SELECTED = Counter(
+    "orchestrator_prompts_selected_total",
+    "Tasks drawn by live prompt selection, by environment and what became of them "
+    "(drawn, skipped, explored, forced)",
+    ["env", "what"],
+)
+LEASES_BY_ENV = Counter(
+    "orchestrator_leases_by_env_total", "Leases handed to workers, by environment", ["env"]
+)

@@ -20,6 +20,7 @@ from prime_swarm.protocol.messages import (
     HeartbeatReply,
     LeaseReply,
     LeaseRequest,
+    PoolEnvironment,
     RegisterReply,
     RegisterRequest,
     RolloutSubmission,
@@ -73,6 +74,10 @@ async def register(
         pool_id=body.pool_id,
         heartbeat_interval_s=pool.settings.heartbeat_interval_s,
         policy=await pool.policy.info(),
+        environments=[
+            PoolEnvironment(env=x.env, env_args=x.args, weight=x.weight)
+            for x in pool.settings.recipe.shares()
+        ],
     )
 
 

@@ -66,6 +66,13 @@ class OrchestratorSettings(BaseSettings):
         default_factory=Recipe, description="The pool's recipe (PRIME_RECIPE_* variables)."
     )
     task_seed: int = Field(0, description="Seed of the training task stream.")
+    train_tasks: int | None = Field(
+        None,
+        ge=1,
+        le=2**48,
+        description="Train tasks per environment the stream cycles over, as a finite dataset "
+        "does (live prompt selection learns from prompts that recur); None: the whole split.",
+    )
     task_file: Path | None = Field(
         None,
         description="Tasks to lease, from `prime-swarm filter-tasks` (those whose pass rate under "

@@ -5,15 +5,19 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from enum import IntEnum
+from typing import NamedTuple
 
 from redis.asyncio import Redis
 
-from prime_swarm.libs.environments.base import hash_int
+from prime_swarm.libs.environments.base import Task, hash_int
 from prime_swarm.libs.environments.reward import budget_for, with_budget
 from prime_swarm.libs.environments.task_lists import load_task_list
 from prime_swarm.libs.rollout.admission import oldest_admitted
+from prime_swarm.libs.rollout.recipe import EnvShare
+from prime_swarm.libs.rollout.selection import parse_rate, prompt_key
 from prime_swarm.libs.streams.announcements import latest_announcement_async
 from prime_swarm.libs.streams.replication import Replication, ReplicaWait
 from prime_swarm.protocol import streams
@@ -22,9 +26,11 @@ from prime_swarm.protocol.messages import (
     Lease,
     PolicyAnnouncement,
     PolicyInfo,
+    Prompt,
     SamplingParams,
     SubmittedRollout,
 )
+from prime_swarm.protocol.selection_records import COUNTS, PASS_RATES
 
 from . import metrics
 from .settings import OrchestratorSettings
@@ -233,6 +239,16 @@ return 2
 """
 
 
+class _Drawn(NamedTuple):
+    """A task to lease: its environment's share of the recipe, id, prompt (and the task, when
+    freshly drawn rather than reissued)."""
+
+    share: EnvShare
+    task_id: str
+    prompt: Prompt
+    task: Task | None
+
+
 class LeaseBook:
     """Hands out tasks in order, so no worker chooses its prompt, and remembers who holds what."""
 
@@ -251,11 +267,13 @@ class LeaseBook:
         self._reserve = redis.register_script(_RESERVE_WORK_IDS)
         self._reserve_leases = redis.register_script(_RESERVE_LEASES)
         self._admit = redis.register_script(_ADMIT)
-        self.env = settings.recipe.environment()
+        self.envs = settings.recipe.environments()
         # Read once: a task list is fixed for the run, and a bad file should stop start-up, not
-        # the first lease.
-        self.task_ids: list[str] | None = (
-            load_task_list(settings.task_file, self.env) if settings.task_file is not None else None
+        # the first lease. It serves the one environment it names.
+        self.task_lists: dict[str, list[str]] = (
+            dict([load_task_list(settings.task_file, self.envs)])
+            if settings.task_file is not None
+            else {}
         )
 
     async def open_count(self, worker: str) -> int:
@@ -342,23 +360,16 @@ class LeaseBook:
         if not granted:
             return [], in_flight
         reissued = await self._reclaim(granted)
-        # (task id, prompt, target length) of each lease to hand out.
-        tasks = [(old.task_id, old.prompt, old.target_tokens) for old in reissued]
-        fresh = granted - len(tasks)
-        if fresh:
-            last = int(await self.redis.incrby(TASK_COUNTER, fresh))
-            for index in range(last - fresh, last):
-                # The pool's task stream is a pure function of (seed, counter): no worker
-                # steers it.
-                pick = hash_int("lease", self.settings.task_seed, index, nbytes=6)
-                if self.task_ids is not None:
-                    task = self.env.task_from_id(self.task_ids[pick % len(self.task_ids)])
-                else:
-                    task = self.env.task_from_id(self.env.task_id("train", pick))
-                target = budget_for(index, recipe.length_reward)
-                tasks.append(
-                    (task.task_id, with_budget(task.prompt, target, recipe.length_reward), target)
-                )
+        tasks = [
+            _Drawn(EnvShare.model_construct(env=o.env, args=o.env_args), o.task_id, o.prompt, None)
+            for o in reissued
+        ]
+        targets = [o.target_tokens for o in reissued]
+        for index, drawn in await self._draw(granted - len(tasks)):
+            target = budget_for(index, recipe.length_reward)
+            prompt = with_budget(drawn.prompt, target, recipe.length_reward)
+            tasks.append(drawn._replace(prompt=prompt))
+            targets.append(target)
         work_ids = await self.next_work_ids(worker, len(tasks))
         leases = [
             Lease(
@@ -366,10 +377,10 @@ class LeaseBook:
                 worker=worker,
                 pool_id=pool_id,
                 work_id=work_id,
-                env=recipe.env,
-                env_args=recipe.env_args,
-                task_id=task_id,
-                prompt=prompt,
+                env=drawn.share.env,
+                env_args=drawn.share.args,
+                task_id=drawn.task_id,
+                prompt=drawn.prompt,
                 target_tokens=target,
                 group_size=recipe.group_size,
                 sampling=SamplingParams(
@@ -379,9 +390,7 @@ class LeaseBook:
                 min_policy_version=min_version,
                 expires_at=expires_at,
             )
-            for lease_id, (task_id, prompt, target), work_id in zip(
-                ids, tasks, work_ids, strict=False
-            )
+            for lease_id, drawn, target, work_id in zip(ids, tasks, targets, work_ids, strict=False)
         ]
         async with self.redis.pipeline(transaction=True) as pipe:
             for lease in leases:
@@ -393,6 +402,8 @@ class LeaseBook:
             pipe.hincrby(info, "leases", len(leases))
             pipe.expire(info, ws.TOTALS_TTL_S)
             await pipe.execute()
+        for lease in leases:
+            metrics.LEASES_BY_ENV.labels(lease.env).inc()
         if reissued:
             metrics.LEASES_REISSUED.inc(len(reissued))
             log.info(
@@ -400,6 +411,64 @@ class LeaseBook:
                 extra={"fields": {"worker": worker, "expired": [o.lease_id for o in reissued]}},
             )
         return leases, in_flight
+
+    def _task_at(self, index: int) -> _Drawn:
+        """The pool's index-th task: a pure function of (seed, index), so no worker steers the
+        stream and every replica draws alike. The environment is drawn by weight first."""
+        seed = self.settings.task_seed
+        share = self.settings.recipe.pick(hash_int("env", seed, index, nbytes=6))
+        env = self.envs[share.env]
+        pick = hash_int("lease", seed, index, nbytes=6)
+        if self.settings.train_tasks is not None:
+            pick %= self.settings.train_tasks
+        listed = self.task_lists.get(share.env)
+        task_id = listed[pick % len(listed)] if listed else env.task_id("train", pick)
+        task = env.task_from_id(task_id)
+        return _Drawn(share, task.task_id, task.prompt, task)
+
+    async def _draw(self, count: int) -> list[tuple[int, _Drawn]]:
+        """`count` tasks from the pool's stream, as (index, task). With live selection, a
+        task whose prompt the policy has mastered or cannot yet solve is skipped (unless the
+        exploration floor takes it) and the next index drawn, at most `max_skips` times a
+        lease; what was skipped, explored and forced is counted per environment."""
+        selection = self.settings.recipe.selection
+        chosen: list[tuple[int, _Drawn]] = []
+        counts: Counter[str] = Counter()
+        for _round in range(selection.max_skips + 1 if selection.enabled else 1):
+            want = count - len(chosen)
+            if not want:
+                break
+            last = int(await self.redis.incrby(TASK_COUNTER, want))
+            drawn = [(i, self._task_at(i)) for i in range(last - want, last)]
+            if not selection.enabled:
+                chosen += drawn
+                break
+            keys = [prompt_key(d.share.env, d.task.prompt) for _, d in drawn]
+            rates = await self.redis.hmget(PASS_RATES, keys)
+            final = _round == selection.max_skips
+            for (index, d), raw in zip(drawn, rates, strict=True):
+                rate = parse_rate(raw)
+                counts[f"{d.share.env}:drawn"] += 1
+                explore = hash_int("explore", self.settings.task_seed, index, nbytes=6) / 2**48
+                if selection.in_band(rate):
+                    chosen.append((index, d))
+                elif explore < selection.explore:
+                    counts[f"{d.share.env}:explored"] += 1
+                    chosen.append((index, d))
+                elif final:
+                    counts[f"{d.share.env}:forced"] += 1
+                    chosen.append((index, d))
+                else:
+                    counts[f"{d.share.env}:skipped"] += 1
+        if counts:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for field, n in counts.items():
+                    pipe.hincrby(COUNTS, field, n)
+                await pipe.execute()
+            for field, n in counts.items():
+                env, what = field.split(":")
+                metrics.PROMPTS_SELECTED.labels(env, what).inc(n)
+        return chosen
 
     async def admit(self, entry: SubmittedRollout) -> tuple[Admission, Replication | None]:
         """Record the answer to a lease: the lease closed, the submission on the validators'

@@ -73,6 +73,9 @@ class Trainer:
         )
         self.cfg = settings.grpo
         self.counters: dict[str, float] = {"stale": 0, "filtered": 0, "busy_s": 0.0, "wall_s": 0.0}
+        # Groups whose completions all scored alike (no advantage), trained or dropped, by
+        # environment: what live prompt selection is meant to spare.
+        self.zero_advantage: Counter[str] = Counter()
         torch.manual_seed(settings.seed)
         self.step, self.model, self.opt, self.sched = self._resume()
         self.ref = load_pretrained(ckpt.model_dir(self.root, 0)) if settings.loss.kl_coef else None
@@ -228,19 +231,21 @@ class Trainer:
                     self.counters["stale"] += 1
                     metrics.STALE_DROPPED.inc()
                     self._drop(e, msg, "stale")
-                elif (
-                    self.settings.filter_zero_variance
-                    and filtered_now < self.settings.max_filtered_per_step
-                    and not is_informative([c.reward for c in msg.completions])
+                elif (informative := is_informative([c.reward for c in msg.completions])) or (
+                    not self.settings.filter_zero_variance
+                    or filtered_now >= self.settings.max_filtered_per_step
                 ):
+                    if not informative:
+                        self.zero_advantage[msg.env] += 1
+                    batch.append(msg)
+                    ids.append(e.entry_id)
+                    self._taken[msg.submission_id] = self.step
+                else:
+                    self.zero_advantage[msg.env] += 1
                     filtered_now += 1
                     self.counters["filtered"] += 1
                     metrics.FILTERED.inc()
                     self._drop(e, msg, "zero_variance")
-                else:
-                    batch.append(msg)
-                    ids.append(e.entry_id)
-                    self._taken[msg.submission_id] = self.step
         # A Redis failover can lose the newest writes (docs/high-availability.md): a validator
         # then decides a group again, and the copy reaches the trainer under a new entry id,
         # possibly before the trained set records the first. Remembered here for as long as a
@@ -326,12 +331,18 @@ class Trainer:
         n = max(len(comps), 1)
         ages = [time.time() - r.submitted_at for r in batch]
         busy = self.counters["busy_s"] / self.counters["wall_s"] if self.counters["wall_s"] else 0
+        by_env: dict[str, list[float]] = {}
+        for r in batch:
+            by_env.setdefault(r.env, []).extend(c.task_reward for c in r.completions)
         row = StepProgress(
             step=self.step,
             version=self.step,
             mean_reward=sum(c.reward for c in comps) / n,
             reward_task=sum(c.task_reward for c in comps) / n,
             reward_length=sum(c.length_reward for c in comps) / n,
+            reward_by_env={env: sum(rs) / len(rs) for env, rs in by_env.items()},
+            groups_by_env=dict(Counter(r.env for r in batch)),
+            zero_advantage_by_env=dict(self.zero_advantage),
             groups=len(batch),
             completions=len(comps),
             policy_lag_mean=sum(lags) / max(len(lags), 1),
@@ -363,6 +374,8 @@ class Trainer:
         metrics.MEAN_REWARD.set(row.mean_reward)
         metrics.REWARD_PART.labels("task").set(row.reward_task)
         metrics.REWARD_PART.labels("length").set(row.reward_length)
+        for env, reward in row.reward_by_env.items():
+            metrics.ENV_REWARD.labels(env).set(reward)
         for k, v in row.stats.items():
             metrics.STEP_STAT.labels(k).set(v)
         metrics.COMPLETIONS.inc(row.completions)

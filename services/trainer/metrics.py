@@ -8,6 +8,11 @@ MEAN_REWARD = Gauge("trainer_batch_mean_reward", "Mean reward of the last step's
 REWARD_PART = Gauge(
     "trainer_batch_reward_part", "Mean reward part of the last step's batch", ["part"]
 )
+ENV_REWARD = Gauge(
+    "trainer_env_task_reward",
+    "Mean task reward of the last step's completions from each environment of the mixture",
+    ["env"],
+)
 STEP_STAT = Gauge(
     "trainer_step_stat",
     "Loss statistics of the last step: clip fractions (low/high/delta), ratio and importance "

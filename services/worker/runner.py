@@ -162,6 +162,11 @@ class Worker:
             if self.stop.is_set():
                 return
         self.policy_info = reply.policy
+        try:  # the pool's environments are packages this machine must have installed
+            for pooled in reply.environments:
+                load_env(pooled.env, pooled.env_args)
+        except EnvLoadError as exc:
+            raise JoinError(f"cannot answer this pool's leases: {exc}") from None
         log.info("registered", extra={"fields": {"orchestrator": self.orchestrator_url}})
         hb = threading.Thread(
             target=self._heartbeat_loop, args=(client, reply.heartbeat_interval_s), daemon=True

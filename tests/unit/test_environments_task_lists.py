@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from prime_swarm.deploy.local.cli import main
-from prime_swarm.libs.environments import load_env
+from prime_swarm.libs.environments import Env, load_env
 from prime_swarm.libs.environments.task_lists import (
     MAX_TASK_FILE_BYTES,
     histogram,
@@ -38,6 +38,11 @@ def lm(model_dir: Path) -> CausalLM:
     return load_pretrained(model_dir)
 
 
+def _pool(*names: str) -> dict[str, Env]:
+    """A pool's environments, as the orchestrator holds them."""
+    return {name: load_env(name) for name in names}
+
+
 def _save(path: Path, env: str = "reverse", ids: Sequence[str] = TASK_IDS) -> Path:
     rates = {t: 0.5 for t in ids}
     return save_task_list(
@@ -58,7 +63,7 @@ def test_histogram_puts_one_in_the_last_bin() -> None:
 
 def test_save_load_round_trip(tmp_path: Path) -> None:
     path = _save(tmp_path / "sub" / "tasks.json")
-    assert load_task_list(path, load_env("reverse")) == TASK_IDS
+    assert load_task_list(path, _pool("reverse")) == ("reverse", TASK_IDS)
     doc = json.loads(path.read_text())
     assert doc["env"] == "reverse" and doc["band"] == [0.1, 0.8] and doc["samples"] == 4
     assert doc["tasks"][0] == {"task_id": TASK_IDS[0], "pass_rate": 0.5}
@@ -67,8 +72,8 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
 
 def test_load_refuses_another_env(tmp_path: Path) -> None:
     path = _save(tmp_path / "t.json")
-    with pytest.raises(ValueError, match="lists 'reverse' tasks, but the env is 'arith'"):
-        load_task_list(path, load_env("arith"))
+    with pytest.raises(ValueError, match="lists 'reverse' tasks, but the pool's env is 'arith'"):
+        load_task_list(path, _pool("arith"))
 
 
 def test_load_refuses_an_oversize_file_without_reading_it(tmp_path: Path) -> None:
@@ -76,7 +81,7 @@ def test_load_refuses_an_oversize_file_without_reading_it(tmp_path: Path) -> Non
     with path.open("wb") as f:
         f.truncate(MAX_TASK_FILE_BYTES + 1)  # sparse: no disk used
     with pytest.raises(ValueError, match="over the .* byte limit"):
-        load_task_list(path, load_env("reverse"))
+        load_task_list(path, _pool("reverse"))
 
 
 @pytest.mark.parametrize(
@@ -95,18 +100,18 @@ def test_load_refuses_malformed_files(tmp_path: Path, text: str, match: str) -> 
     path = tmp_path / "t.json"
     path.write_text(text)
     with pytest.raises(ValueError, match=match):
-        load_task_list(path, load_env("reverse"))
+        load_task_list(path, _pool("reverse"))
 
 
 def test_load_refuses_an_empty_list_and_foreign_ids(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="lists no tasks"):
-        load_task_list(_save(tmp_path / "empty.json", ids=[]), load_env("reverse"))
+        load_task_list(_save(tmp_path / "empty.json", ids=[]), _pool("reverse"))
     with pytest.raises(ValueError, match="not a train task"):
-        load_task_list(_save(tmp_path / "h.json", ids=["reverse/heldout/3"]), load_env("reverse"))
+        load_task_list(_save(tmp_path / "h.json", ids=["reverse/heldout/3"]), _pool("reverse"))
     with pytest.raises(ValueError, match="not a reverse task id"):
-        load_task_list(_save(tmp_path / "a.json", ids=["arith/train/3"]), load_env("reverse"))
+        load_task_list(_save(tmp_path / "a.json", ids=["arith/train/3"]), _pool("reverse"))
     with pytest.raises(ValueError, match="cannot read it"):
-        load_task_list(tmp_path / "missing.json", load_env("reverse"))
+        load_task_list(tmp_path / "missing.json", _pool("reverse"))
 
 
 def test_pass_rates_on_the_tiny_model(lm: CausalLM) -> None:
@@ -163,7 +168,7 @@ def test_cli_filter_tasks_writes_the_file(
     doc = json.loads(out.read_text())
     assert doc["env"] == "reverse" and doc["samples"] == 2 and len(doc["tasks"]) == 4
     assert doc["policy"] == str(model_dir.resolve())
-    assert load_task_list(out, load_env("reverse")) == sorted(t["task_id"] for t in doc["tasks"])
+    assert load_task_list(out, _pool("reverse"))[1] == sorted(t["task_id"] for t in doc["tasks"])
 
 
 @pytest.mark.parametrize(

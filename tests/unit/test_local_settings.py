@@ -65,3 +65,52 @@ def test_an_unknown_env_is_one_line_naming_the_flag(capsys: pytest.CaptureFixtur
         main(["up", "--env", "no-such-env"])
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--env" in err[0] and "unknown environment 'no-such-env'" in err[0]
+
+
+def test_env_args_are_checked_against_the_env_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's new user: arguments for reasoning-gym in the variable, the environment by
+    flag. They were checked against the default environment before --env applied."""
+    monkeypatch.setenv("PRIME_RECIPE_ENV_ARGS", '{"dataset": "basic_arithmetic", "size": 50}')
+    s = LocalNetworkSettings(model="smollm2", env="reasoning-gym")
+    assert s.recipe.env == "reasoning-gym"
+    assert s.recipe.env_args == {"dataset": "basic_arithmetic", "size": 50}
+    assert s.recipe.max_new_tokens == 24  # the rest of the preset stays
+    monkeypatch.delenv("PRIME_RECIPE_ENV_ARGS")
+    s = LocalNetworkSettings(env="reasoning-gym", env_args={"dataset": "basic_arithmetic"})
+    assert s.recipe.env_args == {"dataset": "basic_arithmetic"}
+
+
+def test_env_args_for_another_env_are_one_line_naming_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["up", "--env", "reverse", "--env-args", '{"dataset": "x"}'])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "environment 'reverse' refused its arguments" in err[0]
+
+
+def test_a_mixture_by_flag() -> None:
+    mix = [{"env": "reverse", "weight": 2}, {"env": "arith"}]
+    s = LocalNetworkSettings(mixture=mix, select_prompts=True)
+    assert [(x.env, x.weight) for x in s.recipe.shares()] == [("reverse", 2.0), ("arith", 1.0)]
+    assert s.recipe.selection.enabled and s.recipe.env_vars()["PRIME_RECIPE_MIXTURE"]
+    assert not LocalNetworkSettings().recipe.selection.enabled
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--env", "arith", "--mixture", '[{"env": "reverse"}]'], "give one"),
+        (["--mixture", '[{"env": "reverse"}, {"env": "reverse"}]'], "named twice"),
+        (["--mixture", '[{"env": "nope"}]'], "unknown environment 'nope'"),
+        (["--mixture", '[{"env": "reverse", "weight": 0}]'], "greater than 0"),
+    ],
+)
+def test_a_bad_mixture_is_one_line(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["up", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
