@@ -94,6 +94,7 @@ def join_instructions(topo: Topology) -> str:
 def run(s: LocalNetworkSettings) -> dict[str, object]:
     import torch
 
+    from prime_swarm.libs.environments.determinism import check_environments
     from prime_swarm.libs.rl.checkpoint import model_dir
 
     from . import report
@@ -101,6 +102,11 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
 
     torch.set_num_threads(2)
     say = (lambda *_a, **_k: None) if s.quiet else print
+    # The orchestrator refuses an environment that is not deterministic; said here first,
+    # before minutes of warm start.
+    problem = check_environments((x.env, x.args) for x in s.recipe.shares())
+    if problem is not None:
+        fail("prime-swarm up", problem)
     started = time.time()
     run_dir = new_run_dir(s.runs_dir)
     say(f"run folder: {run_dir}")

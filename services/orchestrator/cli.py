@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from prime_swarm.libs.cli import add_settings, new_parser
+from prime_swarm.libs.cli import add_settings, fail, new_parser
 from prime_swarm.libs.cli.lifecycle import hangup_as_terminate
+from prime_swarm.libs.environments.determinism import check_environments
 
 from .settings import OrchestratorSettings
 
@@ -15,6 +16,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     flags = add_settings(parser, OrchestratorSettings)
     settings = flags.load(parser.parse_args(argv))
+    # An environment that is not deterministic turns honest work into `context_mismatch`: the
+    # pool does not start on one (each environment played here and in a fresh process).
+    problem = check_environments((s.env, s.args) for s in settings.recipe.shares())
+    if problem is not None:
+        fail(parser.prog, problem)
     # The server stack is imported after the arguments are checked: `--help` answers at once.
     import uvicorn
 
