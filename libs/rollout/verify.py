@@ -7,6 +7,9 @@ ratio, replay gaps, rewards, log-probs) and `judge_group` (the evidence against 
 bands: accept, suspect or reject). A suspect gets a second opinion (`second_opinion`: the
 validator's recomputation in the declared precision and a KV-cached decode, the worker's own
 path) before anything is slashed: no honest worker is slashed on one opinion (DESIGN.md §3.10).
+Nor for its environment's bug: a group refused on the environment's tokens or score gets a
+second look at the environment (`environment_second_look`), and is held if it disagrees with
+itself.
 `decide` settles it: each group leaves as a `Decision` (accept, hold or reject, with its reason)
 that the validator service only encodes and commits. Measuring and judging are split so that
 the benchmark reports the very numbers the validator decides on.
@@ -21,6 +24,7 @@ from typing import Literal
 import torch
 
 from prime_swarm.libs.environments import load_env
+from prime_swarm.libs.environments.determinism import Episode, second_look
 from prime_swarm.libs.environments.reward import LengthReward, RewardParts, score
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.logprobs import token_logprobs
@@ -338,6 +342,10 @@ class Judgement:
     second_opinion: Refusal | None = None
     """For a suspect that was rechecked and failed: why."""
     rechecked: bool = False
+    environment: str | None = None
+    """For a group refused on what its environment says (`ENVIRONMENT_REASONS`): how the
+    environment, replayed again, disagreed with itself (`environment_second_look`); then the
+    refusal is the environment's bug, not the worker's, and the group is held."""
 
 
 def judge_group(
@@ -499,6 +507,30 @@ def second_opinion(
     return None
 
 
+# --------------------------------------------------------------------------- the environment
+ENVIRONMENT_REASONS = frozenset({"context_mismatch", "bad_termination", "reward_mismatch"})
+"""Refusals on what the environment says (its replies, where it ends an episode, its score): an
+environment that is not deterministic makes them of honest work."""
+
+
+def environment_second_look(work: Work) -> str | None:
+    """Before a worker is blamed for its environment's tokens or score: every branch's claimed
+    turns replayed through the environment twice here and once in a fresh process
+    (libs/environments/determinism.py). How the environment disagreed with itself, or None
+    when it agrees with itself, and the refusal is the worker's."""
+    sub, lease = work.entry.submission, work.entry.lease
+    tok = work.policy.lm.tokenizer
+    episodes = [
+        Episode(
+            lease.task_id,
+            f"completion {i}",
+            tuple(decode(tok, c.token_ids[a:b]) for a, b in c.sampled_spans),
+        )
+        for i, c in enumerate(sub.completions)
+    ]
+    return second_look(lease.env, lease.env_args, episodes)
+
+
 # --------------------------------------------------------------------------- a batch
 Settled = Literal["accept", "reject", "held"]
 
@@ -508,9 +540,11 @@ class Decision:
     """The settled verdict on one group: what the validator service encodes and commits.
 
     `accept`: trained on and attested; `reject`: refused, and slashed unless its reason is not
-    the worker's fault; `held`: a suspect this validator cannot settle, neither trained on nor
-    slashed, for a validator of the worker's device class. `refusal` says why (None when
-    accepted); `judgement` is the first opinion and its evidence, for logs and metrics."""
+    the worker's fault; `held`: neither trained on nor slashed, either a suspect this validator
+    cannot settle (`held_for_recheck`, for a validator of the worker's device class) or a
+    refusal its environment's disagreement with itself explains (`env_nondeterministic`, for
+    the operator to fix the environment). `refusal` says why (None when accepted); `judgement`
+    is the first opinion and its evidence, for logs and metrics."""
 
     action: Settled
     refusal: Refusal | None
@@ -619,6 +653,9 @@ def judge_one(
         if judgement.outcome == "suspect" and recheck:
             judgement.rechecked = True
             judgement.second_opinion = second_opinion(work, recs, acceptance)
+        why = judgement.refusal
+        if judgement.outcome == "reject" and why is not None and why.reason in ENVIRONMENT_REASONS:
+            judgement.environment = environment_second_look(work)
         return judgement
     except Refusal as rej:
         return Judgement("reject", refusal=rej)
@@ -629,10 +666,13 @@ def judge_one(
 
 
 def settle(judgement: Judgement, same_device_class: bool) -> Settled:
-    """The rule that settles a judgement. A suspect is accepted when the second opinion clears
-    it; rejected (and slashed) only when that opinion, recomputed on the worker's declared
-    device class, also fails it; otherwise held: neither trained on nor slashed, for a
-    validator of that class to settle."""
+    """The rule that settles a judgement. A refusal the environment's disagreement with itself
+    explains is held: neither trained on nor slashed. A suspect is accepted when the second
+    opinion clears it; rejected (and slashed) only when that opinion, recomputed on the
+    worker's declared device class, also fails it; otherwise held, for a validator of that
+    class to settle."""
+    if judgement.environment is not None:
+        return "held"
     if judgement.outcome != "suspect":
         return judgement.outcome
     if judgement.rechecked and judgement.second_opinion is None:
@@ -647,6 +687,10 @@ def decide(judgement: Judgement, worker_class: str, validator_class: str | None)
     settled = settle(judgement, worker_class == validator_class)
     if settled == "accept":
         return Decision("accept", None, judgement)
+    if settled == "held" and judgement.environment is not None:
+        first = judgement.refusal.detail if judgement.refusal else ""
+        detail = f"{first}; replayed again, {judgement.environment}: held, not the worker's fault"
+        return Decision("held", Refusal("env_nondeterministic", detail), judgement)
     if settled == "held":
         second = judgement.second_opinion.detail if judgement.second_opinion else "not rechecked"
         first = judgement.refusal.detail if judgement.refusal else ""

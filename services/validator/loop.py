@@ -40,8 +40,9 @@ from .settings import ValidatorSettings
 log = logging.getLogger("validator")
 
 # Staleness at validation time can be the queue's fault, not the worker's; held work awaits a
-# second opinion: refused for now, never slashed.
-NOT_SLASHED = {"stale_policy", "held_for_recheck"}
+# second opinion, or the operator's fix of an environment that disagrees with itself: refused for
+# now, never slashed.
+NOT_SLASHED = {"stale_policy", "held_for_recheck", "env_nondeterministic"}
 SEEN_TTL_S = 7 * 24 * 3600
 # Which accepted cross-class groups are spot-checked: unpredictable to the worker.
 _audit_draw = random.SystemRandom()
@@ -221,6 +222,20 @@ class Validator:
                         "settled": d.action,
                         "first": j.refusal.detail if j.refusal else "",
                         "second": j.second_opinion.detail if j.second_opinion else "cleared",
+                    }
+                },
+            )
+        if d.refusal is not None and d.refusal.reason == "env_nondeterministic":
+            # The environment's bug holds honest work until the operator fixes it: an alert.
+            env = msg.lease.env
+            metrics.ENV_NONDETERMINISTIC.labels(env).inc()
+            log.error(
+                f"environment {env!r} is not deterministic: work held, not slashed",
+                extra={
+                    "fields": {
+                        "env": env,
+                        "worker": msg.submission.worker,
+                        "detail": d.refusal.detail,
                     }
                 },
             )

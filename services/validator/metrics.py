@@ -35,3 +35,9 @@ AUDITS = Counter(
     "passed or failed (slashed) when this validator is of it",
     ["outcome"],
 )
+ENV_NONDETERMINISTIC = Counter(
+    "validator_env_nondeterministic_total",
+    "Groups held, not slashed, because their environment disagreed with itself when replayed "
+    "again (an environment's bug: deploy/prometheus/alerts.yml pages on any)",
+    ["env"],
+)
