@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from prime_swarm.libs.guard.ratelimit import RATE_KEY
-from prime_swarm.protocol import streams, worker_stats
+from prime_swarm.protocol import selection_records, streams, worker_stats
 from prime_swarm.protocol.auth import NONCE_KEY
 from prime_swarm.protocol.trainer_records import DROPPED, TRAINED_BY_STEP
 from prime_swarm.services.orchestrator import state as orch_state
@@ -183,6 +183,9 @@ ORCHESTRATOR = Role(
             commands=("hgetall", "hmget"),
             read_only=True,
         ),
+        # Live prompt selection: the validators' pass rates read, the orchestrators' book kept.
+        Grant(keys=(selection_records.PASS_RATES,), commands=("hmget",), read_only=True),
+        Grant(keys=(selection_records.COUNTS,), commands=("hincrby",)),
     ),
 )
 
@@ -201,6 +204,8 @@ VALIDATOR = Role(
         # validators of the worker's device class (one consumer group per class).
         Grant(keys=(streams.ROLLOUTS_HELD,), commands=(*GROUP_READER, "xadd")),
         Grant(keys=(streams.POLICY_ANNOUNCEMENTS,), commands=("xrevrange",), read_only=True),
+        # Each accepted group's pass rate, for the orchestrators' prompt selection.
+        Grant(keys=(selection_records.PASS_RATES,), commands=("hset",)),
     ),
 )
 
@@ -231,7 +236,11 @@ AUDITOR = Role(
             commands=("xrange", "xinfo|groups", "xinfo|stream", "xpending"),
             read_only=True,
         ),
-        Grant(keys=(TRAINED_BY_STEP, DROPPED), commands=("hgetall",), read_only=True),
+        Grant(
+            keys=(TRAINED_BY_STEP, DROPPED, selection_records.COUNTS),
+            commands=("hgetall",),
+            read_only=True,
+        ),
     ),
 )
 

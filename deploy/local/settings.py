@@ -46,7 +46,13 @@ REAL_MODEL_PRESET: dict[str, Any] = {
     # the second core whenever generation and validation leave it (25.8 s).
     "trainer_threads": 2,
     "timeout_s": 3600.0,
+    # No warm start unless asked (--warm-start-steps N): SmolLM2 already follows instructions.
+    "warm_start_steps": 0,
 }
+# SmolLM2's warm start on an environment's own demonstrations (--warm-start-steps N with
+# --model smollm2): a pretrained model's fine-tuning rate, not the tiny model's 3e-3, and
+# demonstrations without the tiny model's planted mistake (the point is the answer's format).
+REAL_MODEL_WARM_START: dict[str, Any] = {"lr": 2e-5, "batch_size": 8, "error_rate": 0.0}
 REAL_MODEL_RECIPE: dict[str, Any] = {
     "env": "addition",
     "group_size": 8,
@@ -118,7 +124,20 @@ class LocalNetworkSettings(BaseSettings):
         description="Train tasks per environment the pool leases, cycled as a finite dataset "
         "is (PRIME_ORCH_TRAIN_TASKS); None: the environment's whole train split.",
     )
-    warm_start_steps: int = Field(WARM_START.steps, description="SFT steps of the warm start.")
+    warm_start_steps: int = Field(
+        WARM_START.steps,
+        ge=0,
+        description="SFT steps of the warm start on the environment's demonstrations (the tiny "
+        "model's; with --model smollm2, 0 unless set: a new task's answer format one flag away).",
+    )
+    format_reward: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Weight of the environment's format score in the reward (e.g. "
+        "reasoning-gym's <answer> tags): sets the recipe's format_reward "
+        "(PRIME_RECIPE_FORMAT_REWARD).",
+    )
     workers: int = Field(
         1,
         ge=1,
@@ -249,7 +268,7 @@ class LocalNetworkSettings(BaseSettings):
         values = {k: v for k, v in preset.items() if k not in from_vars}
         if data.get("env") is not None and data.get("mixture") is not None:
             raise ValueError("--env and --mixture: give one (a mixture names its environments)")
-        for flag in ("env", "env_args", "mixture"):
+        for flag in ("env", "env_args", "mixture", "format_reward"):
             if data.get(flag) is not None:
                 values[flag] = data[flag]
         if data.get("select_prompts") is not None:

@@ -88,6 +88,13 @@ class Env(ABC):
         """The episode's reward in [0, 1], a pure function of (task, turns)."""
         return self.reward(task, turns[-1])
 
+    def format_score(self, task: Task, turns: Sequence[str]) -> float | None:
+        """How well the episode keeps the answer format the prompt asks for, in [0, 1], a pure
+        function of (task, turns); None: this environment asks for no format. The recipe's
+        `format_reward` weighs it into the reward (a model that cannot yet answer can still be
+        taught the format); held-out accuracy never counts it."""
+        return None
+
     def demonstration(self, task: Task, rng: random.Random, error_rate: float) -> list[str]:
         """The model turns of one warm-start demonstration episode (the environment's replies
         between them come from `reply`, as in a real episode). One turn by default: the noisy

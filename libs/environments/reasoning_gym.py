@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from prime_swarm.libs.environments.base import Env, Task
@@ -67,6 +68,12 @@ class ReasoningGymEnv(Env):
     def reward(self, task: Task, completion: str) -> float:
         score = self._data.score_answer(self.final_answer(completion), self._entry(task.task_id))
         return min(max(float(score), 0.0), 1.0)
+
+    def format_score(self, task: Task, turns: Sequence[str]) -> float | None:
+        """1 when the last turn gives its answer inside the <answer> tags the prompt asks for."""
+        if self.system_prompt is None or "<answer>" not in self.system_prompt:
+            return None
+        return 1.0 if ANSWER.search(turns[-1]) else 0.0
 
     def noisy_answer(self, task: Task, rng: random.Random, error_rate: float) -> str:
         return f"<answer>{task.answer}</answer>"

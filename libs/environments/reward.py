@@ -1,4 +1,5 @@
-"""A completion's reward: the environment's task score plus the thinking-budget length part.
+"""A completion's reward: the environment's task score plus the thinking-budget length part
+(plus, where the recipe weighs it, the environment's format part).
 
 INTELLECT-2 puts "Think for N tokens" in the prompt and subtracts coef·|L - N|; L1 (Aggarwal &
 Welleck, 2025) only punishes overruns or scales a correct answer by how well it kept the budget.
@@ -41,10 +42,12 @@ class LengthReward(BaseModel):
 class RewardParts:
     task: float
     length: float = 0.0
+    format: float = 0.0
+    """The recipe's `format_reward` times the environment's format score."""
 
     @property
     def total(self) -> float:
-        return self.task + self.length
+        return self.task + self.length + self.format
 
 
 def length_part(task_score: float, n_tokens: int, target: int | None, cfg: LengthReward) -> float:
@@ -58,8 +61,18 @@ def length_part(task_score: float, n_tokens: int, target: int | None, cfg: Lengt
     return task_score * scale - task_score
 
 
-def score(task_score: float, n_tokens: int, target: int | None, cfg: LengthReward) -> RewardParts:
-    return RewardParts(task_score, length_part(task_score, n_tokens, target, cfg))
+def score(
+    task_score: float,
+    n_tokens: int,
+    target: int | None,
+    cfg: LengthReward,
+    format_score: float | None = None,
+    format_weight: float = 0.0,
+) -> RewardParts:
+    """The reward's parts: the task score, the thinking-budget part and, where the recipe
+    weighs it and the environment asks for a format, the format part."""
+    fmt = format_weight * format_score if format_score is not None else 0.0
+    return RewardParts(task_score, length_part(task_score, n_tokens, target, cfg), fmt)
 
 
 def budget_for(lease_index: int, cfg: LengthReward) -> int | None:

@@ -79,6 +79,14 @@ class Recipe(BaseSettings):
         default_factory=LengthReward,
         description="Thinking budgets in prompts and the length reward (off unless budgets).",
     )
+    format_reward: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Weight of the environment's format score (e.g. reasoning-gym's answer "
+        "inside <answer> tags) added to the task score: a task the model cannot yet answer "
+        "still gives groups a signal. The validator recomputes it; 0 turns it off.",
+    )
     selection: PromptSelection = Field(
         default_factory=PromptSelection,
         description='Live prompt selection by pass rate (JSON, e.g. {"enabled": true}).',

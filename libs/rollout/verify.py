@@ -298,6 +298,8 @@ def measure_group(
                     sum(end - start for start, end in c.sampled_spans),
                     lease.target_tokens,
                     length,
+                    env.format_score(task, turns) if lease.format_reward else None,
+                    lease.format_reward,
                 ),
                 logprobs=logprobs[mine].tolist(),
                 episode=episode,
@@ -389,6 +391,7 @@ def judge_group(
                 reward=ev.reward.total,
                 task_reward=task,
                 length_reward=ev.reward.length,
+                format_reward=ev.reward.format,
             )
         )
     ratio = evidence.weight_ratio

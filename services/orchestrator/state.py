@@ -382,6 +382,7 @@ class LeaseBook:
                 task_id=drawn.task_id,
                 prompt=drawn.prompt,
                 target_tokens=target,
+                format_reward=recipe.format_reward,
                 group_size=recipe.group_size,
                 sampling=SamplingParams(
                     temperature=recipe.temperature, max_new_tokens=recipe.max_new_tokens

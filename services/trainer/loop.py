@@ -340,6 +340,7 @@ class Trainer:
             mean_reward=sum(c.reward for c in comps) / n,
             reward_task=sum(c.task_reward for c in comps) / n,
             reward_length=sum(c.length_reward for c in comps) / n,
+            reward_format=sum(c.format_reward for c in comps) / n,
             reward_by_env={env: sum(rs) / len(rs) for env, rs in by_env.items()},
             groups_by_env=dict(Counter(r.env for r in batch)),
             zero_advantage_by_env=dict(self.zero_advantage),
@@ -374,6 +375,7 @@ class Trainer:
         metrics.MEAN_REWARD.set(row.mean_reward)
         metrics.REWARD_PART.labels("task").set(row.reward_task)
         metrics.REWARD_PART.labels("length").set(row.reward_length)
+        metrics.REWARD_PART.labels("format").set(row.reward_format)
         for env, reward in row.reward_by_env.items():
             metrics.ENV_REWARD.labels(env).set(reward)
         for k, v in row.stats.items():

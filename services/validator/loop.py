@@ -19,6 +19,7 @@ from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.policy.store import PolicyError, PolicyStore
 from prime_swarm.libs.rollout import verify
 from prime_swarm.libs.rollout.admission import Refusal, check_admission, check_answers_lease
+from prime_swarm.libs.rollout.selection import pass_rate
 from prime_swarm.libs.streams.announcements import latest_announcement
 from prime_swarm.libs.streams.connection import connect
 from prime_swarm.libs.streams.consumer import Entry, GroupReader
@@ -32,6 +33,7 @@ from prime_swarm.protocol.messages import (
     VerifiedRollout,
     normal_address,
 )
+from prime_swarm.protocol.selection_records import PASS_RATES
 
 from . import metrics, stats
 from .ledger_queue import ChainAction, LedgerQueue
@@ -281,6 +283,7 @@ class Validator:
         return VerifiedRollout(
             submission_id=msg.submission_id,
             worker=msg.submission.worker,
+            env=msg.lease.env,
             task_id=msg.submission.task_id,
             policy_version=msg.submission.policy_version,
             sampling=msg.lease.sampling,
@@ -305,6 +308,9 @@ class Validator:
             work_id = msg.lease.work_id
             if verified is not None:
                 pipe.xadd(streams.ROLLOUTS_VERIFIED, streams.encode(verified))
+                if self.settings.recipe.selection.enabled:
+                    key, rate = pass_rate(msg.lease, verified.completions)
+                    pipe.hset(PASS_RATES, key, rate)
                 action = ChainAction("attest", verdict.worker, work_id, units=verdict.units)
             else:
                 pipe.xadd(streams.ROLLOUTS_REJECTED, streams.encode(verdict))

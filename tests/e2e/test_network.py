@@ -1,8 +1,8 @@
 """The whole network, for real: redis-server, anvil, relays, orchestrator, validator, trainer and
 three workers as separate processes, each generating on a vLLM engine, for a few trainer steps,
-on the multi-turn game (guess-number: every episode is played turn by turn by the worker and
-replayed by the validator). `test_make_up.py` runs the same network with transformers workers
-on a single-turn task."""
+on a mixture: the multi-turn game (guess-number: every episode is played turn by turn by the
+worker and replayed by the validator) and string reversal, with live prompt selection on.
+`test_make_up.py` runs the same network with transformers workers on a single-turn task."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from prime_swarm.deploy.local.cli import prepare_model
 from prime_swarm.deploy.local.network import LocalNetwork
 from prime_swarm.deploy.local.settings import LocalNetworkSettings
 from prime_swarm.libs.chain.client import LedgerClient
-from prime_swarm.protocol import streams
+from prime_swarm.protocol import selection_records, streams
 from prime_swarm.protocol.messages import Verdict, VerifiedRollout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,7 +37,9 @@ def finished_network(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
         # to newer versions the tests below check (with 8, one worker can take a whole step).
         lease_batch=2,
         warm_start_steps=60,
-        env="guess-number",
+        mixture=[{"env": "guess-number", "weight": 2}, {"env": "reverse"}],
+        select_prompts=True,
+        train_tasks=16,  # prompts recur within the run, so validators record pass rates twice
     )
     net = LocalNetwork(settings, prepare_model(settings), run_dir)
     try:
@@ -98,3 +100,24 @@ def test_attested_work_is_on_chain(finished_network) -> None:  # noqa: ANN001
     credited = [w for w in net.topo.workers if ledger.work_units(net.topo.pool_id, w) > 0]
     assert len(credited) >= 2
     assert all(ledger.reward_balance(net.topo.pool_id, w) > 0 for w in credited)
+
+
+def test_the_mixture_reached_every_stage_with_its_environment(finished_network) -> None:  # noqa: ANN001
+    """Leases drawn from both environments, each group trained under its own name, the
+    validators' pass rates recorded and the orchestrator's selection book kept per
+    environment (which prompts it skips in a run this short is chance: the rule itself is
+    tests/integration/test_lease_mixture.py)."""
+    net, rows = finished_network
+    r = net.redis.client()
+    verified = [streams.decode(VerifiedRollout, f) for _, f in r.xrange(streams.ROLLOUTS_VERIFIED)]
+    assert {v.env for v in verified} == {"guess-number", "reverse"}
+    assert all(v.task_id.startswith(f"{v.env}/train/") for v in verified)
+    trained = {env for row in rows for env in row.groups_by_env}
+    assert trained == {"guess-number", "reverse"}
+    assert all(set(row.reward_by_env) == set(row.groups_by_env) for row in rows)
+    rates = r.hgetall(selection_records.PASS_RATES)
+    assert rates and all(0.0 <= float(v) <= 1.0 for v in rates.values())
+    assert {k.split(b":")[0] for k in rates} <= {b"guess-number", b"reverse"}
+    book = net.selection_counts()
+    assert set(book) == {"guess-number", "reverse"}
+    assert all(c["drawn"] >= c.get("skipped", 0) for c in book.values())

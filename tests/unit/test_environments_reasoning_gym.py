@@ -47,3 +47,22 @@ def test_bad_arguments_are_one_clear_error() -> None:
         load_env("reasoning-gym", {"dataset": "no_such_dataset"})
     with pytest.raises(EnvLoadError, match="refused its arguments"):
         load_env("reasoning-gym", {"dataset": "basic_arithmetic", "config": {"min_terms": 0}})
+
+
+def test_the_format_score_asks_only_for_the_tags() -> None:
+    env = ReasoningGymEnv(**ARGS)
+    task = env.task_from_id("reasoning-gym/train/11")
+    assert env.format_score(task, ["<answer>wrong</answer>"]) == 1.0  # format, not accuracy
+    assert env.format_score(task, [task.answer]) == 0.0
+    assert env.format_score(task, ["<answer>", "<answer>1</answer>"]) == 1.0  # the last turn's
+    assert ReasoningGymEnv(**ARGS, system_prompt=None).format_score(task, ["x"]) is None
+
+
+def test_the_format_part_is_weighed_by_the_recipe_and_apart_from_the_task() -> None:
+    from prime_swarm.libs.environments.reward import LengthReward, score
+
+    parts = score(0.0, 5, None, LengthReward(), format_score=1.0, format_weight=0.2)
+    assert (parts.task, parts.format) == (0.0, pytest.approx(0.2))
+    assert parts.total == pytest.approx(0.2)
+    assert score(1.0, 5, None, LengthReward(), format_score=None, format_weight=0.2).format == 0
+    assert score(1.0, 5, None, LengthReward(), format_score=1.0).total == 1.0  # weight 0: off

@@ -9,9 +9,11 @@ from prime_swarm.deploy.local.cli import main
 from prime_swarm.deploy.local.settings import (
     ENV_PRESETS,
     REAL_MODEL_PRESET,
+    REAL_MODEL_WARM_START,
     ChaosSettings,
     LocalNetworkSettings,
 )
+from prime_swarm.libs.rl.defaults import WARM_START
 
 
 def test_the_tiny_default_is_untouched() -> None:
@@ -114,3 +116,13 @@ def test_a_bad_mixture_is_one_line(
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0], err
+
+
+def test_a_new_task_is_one_flag_from_a_warm_start_and_a_format_reward() -> None:
+    """SmolLM2 takes no warm start unless asked; asked, it gets one on the environment's
+    demonstrations at a pretrained model's rate. The format reward is a recipe setting."""
+    assert LocalNetworkSettings(model="smollm2").warm_start_steps == 0
+    s = LocalNetworkSettings(model="smollm2", warm_start_steps=40, format_reward=0.2)
+    assert s.warm_start_steps == 40 and s.recipe.format_reward == pytest.approx(0.2)
+    assert LocalNetworkSettings().recipe.format_reward == 0.0
+    assert REAL_MODEL_WARM_START["lr"] < WARM_START.lr / 10

@@ -315,3 +315,24 @@ def test_worker_counters_are_written_by_their_owner_and_only_read_by_the_orchest
     assert allows(roles["orchestrator"], "xrevrange", progress)
     assert not allows(roles["orchestrator"], "xadd", progress)
     assert not allows(roles["orchestrator"], "xtrim", progress)
+
+
+def test_prompt_selection_keys_are_written_by_their_owner_only() -> None:
+    """Validators write the pass rates the orchestrators read; orchestrators keep the selection
+    book the auditor reads. Neither can write the other's, the trainer neither."""
+    from prime_swarm.protocol import selection_records as sel
+
+    roles = redis_acl.ROLES
+    assert allows(roles["validator"], "hset", sel.PASS_RATES)
+    assert allows(roles["orchestrator"], "hmget", sel.PASS_RATES)
+    assert allows(roles["orchestrator"], "hincrby", sel.COUNTS)
+    assert allows(roles["auditor"], "hgetall", sel.COUNTS)
+    for command in ("hset", "hdel", "del", "hincrby"):
+        assert not allows(roles["orchestrator"], command, sel.PASS_RATES), command
+        assert not allows(roles["validator"], command, sel.COUNTS), command
+        assert not allows(roles["auditor"], command, sel.COUNTS), command
+    assert not any(
+        allows(roles["trainer"], c, k)
+        for c in roles["trainer"].commands
+        for k in (sel.PASS_RATES, sel.COUNTS)
+    )

@@ -319,3 +319,28 @@ def test_an_uncalibrated_backend_is_refused(
     (decision,) = verify_batch([Work(entry, policy)])
     assert decision.action == "reject" and decision.refusal is not None
     assert decision.refusal.reason == "malformed"
+
+
+def test_the_format_part_is_the_validators_own_and_weighed_by_the_lease(
+    honest: SubmittedRollout, policy: LoadedPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker claims the task score only; the validator adds the recipe's format part
+    (carried by the lease) from the environment's own format rule, per completion."""
+    env = type(load_env("reverse"))
+
+    def rule(self: object, task: object, turns: list[str]) -> float:
+        return float(turns[-1][:1] < "m")
+
+    monkeypatch.setattr(env, "format_score", rule)
+    weighed = honest.model_copy(
+        update={"lease": honest.lease.model_copy(update={"format_reward": 0.25})}
+    )
+    out = run_all(weighed, policy)
+    tok = policy.lm.tokenizer
+    for c, claimed in zip(out, honest.submission.completions, strict=True):
+        text = tok.decode(c.token_ids, skip_special_tokens=True)
+        assert c.task_reward == claimed.claimed_reward
+        assert c.format_reward == pytest.approx(0.25 * (text[:1] < "m"))
+        assert c.reward == pytest.approx(c.task_reward + c.format_reward)
+    assert len({c.format_reward for c in out}) == 2  # the rule bit on some completions
+    assert all(c.format_reward == 0.0 for c in run_all(honest, policy))  # weight 0: off

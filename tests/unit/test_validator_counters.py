@@ -12,6 +12,7 @@ import redis
 from rollout_messages import WORKER, submitted, verdict, verified
 
 from prime_swarm.libs.policy.store import PolicyError
+from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.libs.streams.consumer import GroupReader
 from prime_swarm.protocol import streams
 from prime_swarm.protocol import worker_stats as ws
@@ -27,7 +28,7 @@ def test_commit_counts_accepted_units_and_rejections_by_reason(
     validator.queue = SimpleNamespace(key="validator:1:chain_queue")
     validator.counts = defaultdict(int)
     validator.device_class = "cpu"  # the submissions' own class: no spot checks
-    validator.settings = SimpleNamespace(audit_fraction=1.0)
+    validator.settings = SimpleNamespace(audit_fraction=1.0, recipe=Recipe())
     batch = []
     reasons = (None, None, "bad_proof", "stale_policy", "bad_proof", "held_for_recheck")
     for n, reason in enumerate(reasons):
@@ -89,7 +90,7 @@ def test_a_policy_the_validator_cannot_fetch_defers_the_submission_instead_of_ju
         redis_client.xadd(streams.ROLLOUTS_SUBMITTED, streams.encode(msg))
     validator = Validator.__new__(Validator)
     validator.r = redis_client
-    validator.settings = SimpleNamespace(recipe=SimpleNamespace(async_level=1), relays=["http://x"])
+    validator.settings = SimpleNamespace(recipe=Recipe(async_level=1), relays=["http://x"])
     validator.reader = GroupReader(
         redis_client, streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, "v", SubmittedRollout
     )

@@ -20,13 +20,13 @@ from lease_answers import answer_lease
 from prometheus_client import REGISTRY
 
 from prime_swarm.libs.environments import load_env
-from prime_swarm.libs.environments.reward import LengthReward
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.policy.store import LoadedPolicy
+from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.libs.rollout.verify import Work, verify_batch
 from prime_swarm.libs.streams.consumer import GroupReader
 from prime_swarm.protocol import streams
@@ -122,9 +122,7 @@ def validator(r: redis.Redis, policy: LoadedPolicy) -> Validator:
     v = Validator.__new__(Validator)
     v.r = r
     v.settings = SimpleNamespace(
-        recipe=SimpleNamespace(
-            async_level=2, length_reward=LengthReward(), selection=SimpleNamespace(enabled=False)
-        ),
+        recipe=Recipe(async_level=2),
         relays=["http://relay"],
         reward_tolerance=1e-6,
         audit_fraction=0.0,

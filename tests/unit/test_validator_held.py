@@ -16,7 +16,6 @@ import torch
 from lease_answers import answer_lease
 
 from prime_swarm.libs.environments import load_env
-from prime_swarm.libs.environments.reward import LengthReward
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hf_backend import HFBackend
@@ -24,6 +23,7 @@ from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rollout import calibration
 from prime_swarm.libs.rollout.calibration import Band
+from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.libs.streams.consumer import GroupReader
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
@@ -87,7 +87,7 @@ def validator(
     v = Validator.__new__(Validator)
     v.r = r
     v.settings = SimpleNamespace(
-        recipe=SimpleNamespace(async_level=2, length_reward=LengthReward()),
+        recipe=Recipe(async_level=2),
         relays=["http://relay"],
         reward_tolerance=1e-6,
         audit_fraction=audit_fraction,
