@@ -19,6 +19,17 @@ from prime_swarm.libs.rollout.selection import PromptSelection
 from prime_swarm.protocol.messages import EnvArgs
 
 
+def _env_installed(name: str) -> str:
+    env_factory(name)
+    return name
+
+
+def _env_builds(args: dict, info: ValidationInfo) -> dict:
+    if "env" in info.data:  # else the name's own error is the one to report
+        load_env(info.data["env"], args)
+    return args
+
+
 class EnvShare(BaseModel):
     """One environment of a mixture: what it is built with and its share of the leases."""
 
@@ -28,18 +39,8 @@ class EnvShare(BaseModel):
     args: EnvArgs = Field(default_factory=dict, description="Its arguments (JSON).")
     weight: float = Field(1.0, gt=0, le=1e6, description="Relative share of the leases.")
 
-    @field_validator("env")
-    @classmethod
-    def _installed(cls, name: str) -> str:
-        env_factory(name)
-        return name
-
-    @field_validator("args")
-    @classmethod
-    def _builds(cls, args: dict, info: ValidationInfo) -> dict:
-        if "env" in info.data:  # else the name's own error is the one to report
-            load_env(info.data["env"], args)
-        return args
+    _installed = field_validator("env")(_env_installed)
+    _builds = field_validator("args")(_env_builds)
 
 
 class Recipe(BaseSettings):
@@ -94,18 +95,8 @@ class Recipe(BaseSettings):
 
     # A recipe that names an environment that is not installed, does not import or refuses its
     # arguments stops the service that reads it at start, with one line naming the variable.
-    @field_validator("env")
-    @classmethod
-    def _env_installed(cls, name: str) -> str:
-        env_factory(name)
-        return name
-
-    @field_validator("env_args")
-    @classmethod
-    def _env_builds(cls, args: dict, info: ValidationInfo) -> dict:
-        if "env" in info.data:  # else the name's own error is the one to report
-            load_env(info.data["env"], args)
-        return args
+    _installed = field_validator("env")(_env_installed)
+    _builds = field_validator("env_args")(_env_builds)
 
     @field_validator("mixture")
     @classmethod

@@ -10,13 +10,12 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from lease_books import lease_book, run
 from redis.asyncio import Redis as AsyncRedis
 from rollout_messages import submission_for
 
 from prime_swarm.libs.localnet.redis_server import RedisServer
-from prime_swarm.libs.streams.connection import connect_async
 from prime_swarm.protocol import streams
-from prime_swarm.services.orchestrator.settings import OrchestratorSettings
 from prime_swarm.services.orchestrator.state import ALL_OPEN_LEASES, Admission, LeaseBook
 
 WORKERS = ["0x" + f"{i:02x}" * 20 for i in range(1, 41)]
@@ -29,28 +28,7 @@ def flushed(redis_server: RedisServer) -> Iterator[str]:
 
 
 def book(r: AsyncRedis, max_in_flight: int = 64, ttl_s: float = 60.0) -> LeaseBook:
-    settings = OrchestratorSettings(
-        ledger_address="0x" + "5f" * 20,
-        pool_id=1,
-        max_in_flight_groups=max_in_flight,
-        lease_ttl_s=ttl_s,
-    )
-
-    async def floor(worker: str) -> int:
-        return 0
-
-    return LeaseBook(r, settings, floor)
-
-
-def run(url: str, body) -> object:  # noqa: ANN001 (an async function of the client)
-    async def main() -> object:
-        r = connect_async(url, socket_timeout=10)
-        try:
-            return await body(r)
-        finally:
-            await r.aclose()
-
-    return asyncio.run(main())
+    return lease_book(r, max_in_flight_groups=max_in_flight, lease_ttl_s=ttl_s)
 
 
 def test_grant_is_the_tightest_of_request_worker_cap_and_pool_budget(flushed: str) -> None:

@@ -3,20 +3,18 @@ orchestrator draws them against a real Redis (services/orchestrator/state.py `Le
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import Iterator
 
 import pytest
+from lease_books import lease_book, run
 from redis.asyncio import Redis as AsyncRedis
 
 from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.localnet.redis_server import RedisServer
 from prime_swarm.libs.rollout.recipe import Recipe
 from prime_swarm.libs.rollout.selection import PromptSelection, prompt_key
-from prime_swarm.libs.streams.connection import connect_async
 from prime_swarm.protocol.selection_records import COUNTS, PASS_RATES
-from prime_swarm.services.orchestrator.settings import OrchestratorSettings
 from prime_swarm.services.orchestrator.state import LeaseBook
 
 WORKER = "0x" + "11" * 20
@@ -34,25 +32,7 @@ def flushed(redis_server: RedisServer) -> Iterator[str]:
 
 
 def book(r: AsyncRedis, recipe: Recipe) -> LeaseBook:
-    settings = OrchestratorSettings(
-        ledger_address="0x" + "5f" * 20, pool_id=1, max_in_flight_groups=10**6, recipe=recipe
-    )
-
-    async def floor(worker: str) -> int:
-        return 0
-
-    return LeaseBook(r, settings, floor)
-
-
-def run(url: str, body) -> object:  # noqa: ANN001 (an async function of the client)
-    async def main() -> object:
-        r = connect_async(url, socket_timeout=10)
-        try:
-            return await body(r)
-        finally:
-            await r.aclose()
-
-    return asyncio.run(main())
+    return lease_book(r, max_in_flight_groups=10**6, recipe=recipe)
 
 
 def test_leases_follow_the_weights_and_carry_their_environment(flushed: str) -> None:
