@@ -49,7 +49,10 @@ def prepare_model(s: LocalNetworkSettings, say: Callable[[str], None] = print) -
         base = smollm2_dir(s.cache_dir / "models")
         if not s.warm_start_steps:
             return base
-        say("warm-starting SmolLM2 on the environment's demonstrations (cached) ...")
+        say(
+            "warm-starting SmolLM2 on the environment's demonstrations "
+            "(cached after the first run) ..."
+        )
         sft = REAL_MODEL_WARM_START
 
     def progress(step: int, total: int, loss: float) -> None:

@@ -435,7 +435,7 @@ class LeaseBook:
         selection = self.settings.recipe.selection
         chosen: list[tuple[int, _Drawn]] = []
         counts: Counter[str] = Counter()
-        for _round in range(selection.max_skips + 1 if selection.enabled else 1):
+        for attempt in range(selection.max_skips + 1 if selection.enabled else 1):
             want = count - len(chosen)
             if not want:
                 break
@@ -446,7 +446,7 @@ class LeaseBook:
                 break
             keys = [prompt_key(d.share.env, d.task.prompt) for _, d in drawn]
             rates = await self.redis.hmget(PASS_RATES, keys)
-            final = _round == selection.max_skips
+            final = attempt == selection.max_skips
             for (index, d), raw in zip(drawn, rates, strict=True):
                 rate = parse_rate(raw)
                 counts[f"{d.share.env}:drawn"] += 1
@@ -467,7 +467,7 @@ class LeaseBook:
                     pipe.hincrby(COUNTS, field, n)
                 await pipe.execute()
             for field, n in counts.items():
-                env, what = field.split(":")
+                env, what = field.rsplit(":", 1)
                 metrics.PROMPTS_SELECTED.labels(env, what).inc(n)
         return chosen
 
