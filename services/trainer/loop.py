@@ -231,21 +231,22 @@ class Trainer:
                     self.counters["stale"] += 1
                     metrics.STALE_DROPPED.inc()
                     self._drop(e, msg, "stale")
-                elif (informative := is_informative([c.reward for c in msg.completions])) or (
-                    not self.settings.filter_zero_variance
-                    or filtered_now >= self.settings.max_filtered_per_step
+                elif (
+                    self.settings.filter_zero_variance
+                    and filtered_now < self.settings.max_filtered_per_step
+                    and not is_informative([c.reward for c in msg.completions])
                 ):
-                    if not informative:
-                        self.zero_advantage[msg.env] += 1
-                    batch.append(msg)
-                    ids.append(e.entry_id)
-                    self._taken[msg.submission_id] = self.step
-                else:
                     self.zero_advantage[msg.env] += 1
                     filtered_now += 1
                     self.counters["filtered"] += 1
                     metrics.FILTERED.inc()
                     self._drop(e, msg, "zero_variance")
+                else:
+                    if not is_informative([c.reward for c in msg.completions]):
+                        self.zero_advantage[msg.env] += 1  # trained on, for no gradient
+                    batch.append(msg)
+                    ids.append(e.entry_id)
+                    self._taken[msg.submission_id] = self.step
         # A Redis failover can lose the newest writes (docs/high-availability.md): a validator
         # then decides a group again, and the copy reaches the trainer under a new entry id,
         # possibly before the trained set records the first. Remembered here for as long as a

@@ -269,3 +269,46 @@ def test_two_rank_trainer_service(
     first = load_pretrained(ckpt.model_dir(tmp_path / "ckpt", 0)).module.state_dict()
     last = load_pretrained(ckpt.model_dir(tmp_path / "ckpt", steps)).module.state_dict()
     assert any(not torch.equal(first[k], last[k]) for k in first)  # the ranks did train
+
+
+@pytest.mark.parametrize("filtering", [True, False])
+def test_a_step_reports_each_environment_and_the_groups_without_advantage(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis, origin, filtering: bool
+) -> None:  # noqa: ANN001
+    """A mixture's groups reach the progress row under their environment's name; a group whose
+    completions all scored alike is counted per environment whether the filter drops it or,
+    off, it is trained on for no gradient."""
+    account, origin_url = origin
+    model_dir = build_tiny_model(3, tmp_path / "init")
+    kw = _settings(
+        tmp_path,
+        redis_server.url,
+        origin_url,
+        model_dir,
+        groups_per_step=4,
+        filter_zero_variance=filtering,
+    )
+    write_key(kw["key_file"], account)
+    groups = make_groups(model_dir, 5)
+    envs = ["reverse", "arith", "arith", "reverse", "arith"]
+    flat = {0.0}  # group 1: every completion scored 0, no advantage
+    for i, (g, env) in enumerate(zip(groups, envs, strict=True)):
+        if i == 1:
+            comps = [
+                c.model_copy(update={"reward": 0.0, "task_reward": 0.0}) for c in g.completions
+            ]
+            g = g.model_copy(update={"completions": comps})
+            assert {c.reward for c in comps} == flat
+        redis_client.xadd(
+            streams.ROLLOUTS_VERIFIED, streams.encode(g.model_copy(update={"env": env}))
+        )
+    trainer = Trainer(TrainerSettings(max_steps=1, **kw), account)
+    row = trainer.train_step()
+    trainer.persister.drain()
+    assert row.zero_advantage_by_env == {"arith": 1}
+    if filtering:  # dropped, and the batch refilled with the fifth group
+        assert row.groups_by_env == {"reverse": 2, "arith": 2} and row.filtered_total == 1
+        assert row.reward_by_env == {"reverse": pytest.approx(0.5), "arith": pytest.approx(0.5)}
+    else:  # trained on: the first four groups
+        assert row.groups_by_env == {"reverse": 2, "arith": 2} and row.filtered_total == 0
+        assert row.reward_by_env["arith"] == pytest.approx(0.25)
