@@ -6,6 +6,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Sequence
 
 import httpx
 from eth_account.signers.local import LocalAccount
@@ -20,6 +21,7 @@ from prime_swarm.protocol.messages import (
     Heartbeat,
     LeaseRequest,
     PolicyInfo,
+    PoolEnvironment,
     RegisterRequest,
     SubmissionBatch,
     SubmitBatchReply,
@@ -37,6 +39,17 @@ log = logging.getLogger("worker")
 SWITCH_WAIT_S = 0.25
 """How long a worker holding leases waits for an announced version's download before it
 generates them with the version it holds."""
+
+
+def require_environments(environments: Sequence[PoolEnvironment]) -> None:
+    """The pool's environments are packages this machine must have installed (and able to
+    build with the pool's arguments): a worker that lacks one says so when it joins, not at
+    the first lease from it."""
+    try:
+        for pooled in environments:
+            load_env(pooled.env, pooled.env_args)
+    except EnvLoadError as exc:
+        raise JoinError(f"cannot answer this pool's leases: {exc}") from None
 
 
 class Worker:
@@ -162,11 +175,7 @@ class Worker:
             if self.stop.is_set():
                 return
         self.policy_info = reply.policy
-        try:  # the pool's environments are packages this machine must have installed
-            for pooled in reply.environments:
-                load_env(pooled.env, pooled.env_args)
-        except EnvLoadError as exc:
-            raise JoinError(f"cannot answer this pool's leases: {exc}") from None
+        require_environments(reply.environments)
         log.info("registered", extra={"fields": {"orchestrator": self.orchestrator_url}})
         hb = threading.Thread(
             target=self._heartbeat_loop, args=(client, reply.heartbeat_interval_s), daemon=True
