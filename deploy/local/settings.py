@@ -258,8 +258,9 @@ class LocalNetworkSettings(BaseSettings):
     @classmethod
     def _recipe(cls, data: Any) -> Any:
         """The recipe from, highest first: the flags that set part of it (--env, --env-args,
-        --mixture, --select-prompts), the PRIME_RECIPE_* variables, the model's preset. Built
-        once, so that arguments are checked against the environment they are for."""
+        --mixture, --format-reward, --select-prompts), the PRIME_RECIPE_* variables, the
+        model's preset. Built once, so that arguments are checked against the environment they
+        are for."""
         if not isinstance(data, dict) or "recipe" in data:
             return data
         prefix = "prime_recipe_"
