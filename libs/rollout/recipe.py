@@ -118,19 +118,14 @@ class Recipe(BaseSettings):
             return list(self.mixture)
         return [EnvShare.model_construct(env=self.env, args=self.env_args, weight=1.0)]
 
-    def env_names(self) -> list[str]:
-        return [s.env for s in self.shares()]
-
     def environments(self) -> dict[str, Env]:
         """Every environment of the pool, built with its arguments, by name."""
         return {s.env: load_env(s.env, s.args) for s in self.shares()}
 
-    def environment(self, name: str | None = None) -> Env:
-        """Environment `name` of the pool (by default the first: the only one without a
-        mixture)."""
-        shares = {s.env: s for s in self.shares()}
-        share = shares[name] if name is not None else next(iter(shares.values()))
-        return load_env(share.env, share.args)
+    def environment(self) -> Env:
+        """The pool's environment: the only one, or a mixture's first."""
+        first = self.shares()[0]
+        return load_env(first.env, first.args)
 
     def pick(self, draw: int) -> EnvShare:
         """The share a lease's draw (a uniform 48-bit integer) lands in, by weight: a pure

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from redis.asyncio import Redis
 
-from prime_swarm.libs.environments.base import Task, hash_int
+from prime_swarm.libs.environments.base import hash_int
 from prime_swarm.libs.environments.reward import budget_for, with_budget
 from prime_swarm.libs.environments.task_lists import load_task_list
 from prime_swarm.libs.rollout.admission import oldest_admitted
@@ -240,13 +240,11 @@ return 2
 
 
 class _Drawn(NamedTuple):
-    """A task to lease: its environment's share of the recipe, id, prompt (and the task, when
-    freshly drawn rather than reissued)."""
+    """A task to lease: its environment's share of the recipe, its id and its prompt."""
 
     share: EnvShare
     task_id: str
     prompt: Prompt
-    task: Task | None
 
 
 class LeaseBook:
@@ -361,7 +359,7 @@ class LeaseBook:
             return [], in_flight
         reissued = await self._reclaim(granted)
         tasks = [
-            _Drawn(EnvShare.model_construct(env=o.env, args=o.env_args), o.task_id, o.prompt, None)
+            _Drawn(EnvShare.model_construct(env=o.env, args=o.env_args), o.task_id, o.prompt)
             for o in reissued
         ]
         targets = [o.target_tokens for o in reissued]
@@ -425,7 +423,7 @@ class LeaseBook:
         listed = self.task_lists.get(share.env)
         task_id = listed[pick % len(listed)] if listed else env.task_id("train", pick)
         task = env.task_from_id(task_id)
-        return _Drawn(share, task.task_id, task.prompt, task)
+        return _Drawn(share, task.task_id, task.prompt)
 
     async def _draw(self, count: int) -> list[tuple[int, _Drawn]]:
         """`count` tasks from the pool's stream, as (index, task). With live selection, a
@@ -444,7 +442,8 @@ class LeaseBook:
             if not selection.enabled:
                 chosen += drawn
                 break
-            keys = [prompt_key(d.share.env, d.task.prompt) for _, d in drawn]
+            # Before the thinking budget is prefixed: the key is the problem's own text.
+            keys = [prompt_key(d.share.env, d.prompt) for _, d in drawn]
             rates = await self.redis.hmget(PASS_RATES, keys)
             final = attempt == selection.max_skips
             for (index, d), raw in zip(drawn, rates, strict=True):
