@@ -53,6 +53,8 @@ from prime_swarm.libs.rl.defaults import RL
 from prime_swarm.libs.rl.loss import LossConfig
 from prime_swarm.libs.rollout.recipe import Recipe
 
+from .heldout_curve import curve, in_child
+
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "trainer.json"
 REAL_PLOT = RESULTS.with_name("trainer_real.png")
 # The real section's budgets, the same for the network and TRL; each run ends on whichever
@@ -72,14 +74,26 @@ REAL_SEEDS = [0, 1, 2]
 
 
 def run_network(
-    settings: LocalNetworkSettings, init_dir: Path, run_dir: Path, budget_s: float | None = None
+    settings: LocalNetworkSettings,
+    init_dir: Path,
+    run_dir: Path,
+    budget_s: float | None = None,
+    curve_start: dict[str, float] | None = None,
+    curve_every: int = 4,
 ) -> dict:
     """The local network until its trainer has taken `settings.steps` steps or, with
     `budget_s`, until that many seconds have passed since the end of its first step (the step
-    in progress then is the last)."""
+    in progress then is the last).
+
+    With `curve_start` (the held-out accuracy by environment before training), every
+    `curve_every`-th step's checkpoint and the last are kept and scored after the run
+    (heldout_curve.py) into `heldout_curve`, whose last point is the run's end."""
     net = LocalNetwork(settings, init_dir, run_dir)
     started = time.monotonic()
     checkpoints = run_dir / "checkpoints"
+    if curve_start is not None:
+        # The trainer keeps 4 versions unless told: the curve needs the run's all.
+        net.env["PRIME_TRAINER_KEEP_CHECKPOINTS"] = str(settings.steps + 1)
     try:
         net.start()
         launched = time.monotonic() - started
@@ -104,7 +118,14 @@ def run_network(
     finally:
         net.stop()
     first, last = rows[0], rows[-1]
-    by_env = heldout_by_env(model_dir(checkpoints, last.step), settings)
+    heldout_curve = None
+    if curve_start is None:
+        by_env = heldout_by_env(model_dir(checkpoints, last.step), settings)
+    else:
+        marks = [r for r in rows[1:] if r.step % curve_every == 0 or r is last]
+        points = [(round(r.wall - first.wall, 1), model_dir(checkpoints, r.step)) for r in marks]
+        heldout_curve = curve(curve_start, points, settings)
+        by_env = heldout_curve[-1][2]
     window = last.wall - first.wall
     trained = sum(r.completions for r in rows[1:])
     periods = [b.wall - a.wall for a, b in zip(rows, rows[1:], strict=False)]
@@ -147,6 +168,7 @@ def run_network(
         ),
         # (seconds since the first step, mean sampled reward) at each step.
         "reward_curve": [[round(r.wall - first.wall, 1), round(r.mean_reward, 4)] for r in rows],
+        **({"heldout_curve": heldout_curve} if heldout_curve is not None else {}),
     }
 
 
@@ -179,7 +201,16 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=RL.lr)
     ap.add_argument(
         "--only",
-        choices=["sync", "async", "trl", "real", "real-network", "real-trl", "selection"],
+        choices=[
+            "sync",
+            "async",
+            "trl",
+            "real",
+            "real-network",
+            "real-trl",
+            "selection",
+            "mixture",
+        ],
         nargs="*",
     )
     ap.add_argument("--real-steps", type=int, default=REAL_STEPS, help="rollout budget, in steps")
@@ -252,6 +283,14 @@ def main() -> None:
             write()
 
         run_selection(dict(result.get("selection", {})), saved_selection)
+    if args.only is None or "mixture" in args.only:
+        from .mixture import run_mixture
+
+        def saved_mixture(section: dict) -> None:
+            result["mixture"] = section
+            write()
+
+        run_mixture(dict(result.get("mixture", {})), saved_mixture, args.real_seeds)
     real = {"real-network", "real-trl"} if args.only is None or "real" in args.only else set()
     real |= {x for x in args.only or [] if x.startswith("real-")}
     if real:
@@ -305,7 +344,9 @@ def run_real(
                 run = {"heldout_start": round(start, 4), "heldout_end": net.pop("reward_end")}
                 run.update(net)
             else:
-                trl = _trl_in_child(init_dir, seeded, seed, budget_s)
+                # In a process of its own: a TRL run left this one at 9 GB resident, and beside
+                # the next network's services that was OOM-killed on 24 GiB.
+                trl = in_child(_run_trl, init_dir, seeded, seed, budget_s)
                 run = {
                     "heldout_start": trl.pop("reward_start"),
                     "heldout_end": trl.pop("reward_end"),
@@ -319,17 +360,6 @@ def run_real(
             out["ratios"] = _real_ratios(out)
             saved(out)
     return out
-
-
-def _trl_in_child(init_dir: Path, s: LocalNetworkSettings, seed: int, budget_s: float) -> dict:
-    """One TRL run in a process of its own, so that what it held goes back to the OS before the
-    network's next run: run in this process, a TRL run left it at 9 GB resident, and beside
-    the next network's services that was OOM-killed on 24 GiB."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_run_trl, init_dir, s, seed, budget_s).result()
 
 
 def _run_trl(init_dir: Path, s: LocalNetworkSettings, seed: int, budget_s: float) -> dict:

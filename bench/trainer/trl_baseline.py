@@ -25,11 +25,13 @@ import torch
 
 from prime_swarm.deploy.local.cli import heldout, prepare_model
 from prime_swarm.deploy.local.settings import LocalNetworkSettings
+from prime_swarm.libs.environments.reward import score
 from prime_swarm.libs.model.io import save_pretrained
 from prime_swarm.libs.model.tokenizer import chat_messages, prompt_ids
 from prime_swarm.libs.rl.defaults import RL, WARM_START
 from prime_swarm.libs.rl.loss import LossConfig
 from prime_swarm.libs.rollout.recipe import Recipe
+from prime_swarm.libs.rollout.task_stream import task_at
 from prime_swarm.protocol.messages import Prompt
 
 
@@ -64,12 +66,18 @@ def run_trl(
     seed: int = 0,
     threads: int = 2,
     budget_s: float | None = None,
+    checkpoints: Path | None = None,
+    save_every: int = 1,
 ) -> dict:
-    """Train `model_dir` with TRL's GRPOTrainer on what the local network `s` runs (its task,
-    recipe, steps, groups per step, learning rate, held-out evaluation); timings, rewards and
-    TRL's own per-step log. With `budget_s`, training also ends with the step in progress once
-    that many seconds have passed since the end of the first step, as the network's bench run
-    does."""
+    """Train `model_dir` with TRL's GRPOTrainer on what the local network `s` runs (its
+    environments and their weights, recipe, steps, groups per step, learning rate, held-out
+    evaluation); timings, rewards and TRL's own per-step log. With `budget_s`, training also
+    ends with the step in progress once that many seconds have passed since the end of the
+    first step, as the network's bench run does.
+
+    With `checkpoints`, every `save_every`-th step's model (and the last) is saved there as
+    `step-N` and listed under `saved` with its time; the time spent saving is taken off the
+    clock, and the held-out evaluation is left to the caller."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from transformers.trainer_callback import PrinterCallback
@@ -78,29 +86,44 @@ def run_trl(
     torch.set_num_threads(threads)
     model_dir = Path(model_dir)
     recipe = s.recipe
-    env = recipe.environment()
+    envs = recipe.environments()
     steps, prompts_per_step, group_size = s.steps, s.groups_per_step, recipe.group_size
-    reward_start = heldout(model_dir, s)
+    reward_start = heldout(model_dir, s) if checkpoints is None else None
 
     tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, local_files_only=True, use_safetensors=True
     )
-    # One prompt per (step, group): the sampler repeats each num_generations times.
-    tasks = env.sample_tasks(seed, steps * prompts_per_step, "train")
+    # One prompt per (step, group), drawn as the pool's orchestrator draws its leases (the
+    # environment by weight, then one of its train tasks): the sampler repeats each
+    # num_generations times.
+    drawn = [
+        task_at(recipe, envs, seed, i, train_tasks=s.train_tasks)
+        for i in range(steps * prompts_per_step)
+    ]
     dataset = Dataset.from_dict(
         {
-            "prompt": trl_prompts(tok, [t.prompt for t in tasks]),
-            "task_id": [t.task_id for t in tasks],
+            "prompt": trl_prompts(tok, [t.prompt for _, t in drawn]),
+            "env": [share.env for share, _ in drawn],
+            "task_id": [t.task_id for _, t in drawn],
         }
     )
 
-    def env_reward(prompts, completions, task_id, **_kwargs) -> list[float]:
-        # TRL decodes completions with skip_special_tokens=True, as our `decode` does.
-        pairs = zip(task_id, completions, strict=True)
-        return [env.reward(env.task_from_id(i), c) for i, c in pairs]
+    def env_reward(prompts, completions, env, task_id, **_kwargs) -> list[float]:
+        # TRL decodes completions with skip_special_tokens=True, as our `decode` does. The
+        # task part and, where the recipe weighs it, the format part, as the validator scores.
+        out = []
+        for name, i, c in zip(env, task_id, completions, strict=True):
+            e = envs[name]
+            task = e.task_from_id(i)
+            fmt = e.format_score(task, [c]) if recipe.format_reward else None
+            parts = score(
+                e.score(task, [c]), 0, None, recipe.length_reward, fmt, recipe.format_reward
+            )
+            out.append(parts.total)
+        return out
 
-    env_reward.__name__ = f"{env.name}_reward"
+    env_reward.__name__ = "pool_reward"
 
     class Timer(TrainerCallback):
         def __init__(self) -> None:
@@ -108,18 +131,30 @@ def run_trl(
             self.end: list[float] = []
             self.train_begin = 0.0
             self.threads_seen = 0
+            self.paused = 0.0  # seconds spent saving checkpoints, off the clock
+            self.saved: list[list] = []
+
+        def now(self) -> float:
+            return time.perf_counter() - self.paused
 
         def on_train_begin(self, args, state, control, **kwargs):
-            self.train_begin = time.perf_counter()
+            self.train_begin = self.now()
             self.threads_seen = torch.get_num_threads()
 
         def on_step_begin(self, args, state, control, **kwargs):
-            self.begin.append(time.perf_counter())
+            self.begin.append(self.now())
 
-        def on_step_end(self, args, state, control, **kwargs):
-            self.end.append(time.perf_counter())
-            if budget_s is not None and self.end[-1] - self.end[0] >= budget_s:
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            self.end.append(self.now())
+            n = len(self.end)
+            last = n >= steps or (budget_s is not None and self.end[-1] - self.end[0] >= budget_s)
+            if last:
                 control.should_training_stop = True
+            if checkpoints is not None and (last or n % save_every == 0):
+                t0 = time.perf_counter()
+                save_pretrained(model, tok, checkpoints / f"step-{n}")
+                self.saved.append([round(self.end[-1] - self.end[0], 1), n, f"step-{n}"])
+                self.paused += time.perf_counter() - t0
 
     batch = prompts_per_step * group_size
     with tempfile.TemporaryDirectory(prefix="trl-baseline-") as tmp:
@@ -184,13 +219,15 @@ def run_trl(
         # With disable_tqdm the Trainer prints every log dict to stdout; keep stdout for JSON.
         trainer.remove_callback(PrinterCallback)
         torch.set_num_threads(threads)  # in case accelerate's setup changed it
-        t0 = time.perf_counter()
+        t0 = timer.now()
         trainer.train()
-        wall_s = time.perf_counter() - t0
+        wall_s = timer.now() - t0
 
-        final_dir = Path(tmp) / "final"
-        save_pretrained(trainer.model, tok, final_dir)
-        reward_end = heldout(final_dir, s)
+        reward_end = None
+        if checkpoints is None:
+            final_dir = Path(tmp) / "final"
+            save_pretrained(trainer.model, tok, final_dir)
+            reward_end = heldout(final_dir, s)
 
     marks = [timer.train_begin, *timer.end]
     step_times = [b - a for a, b in zip(marks, marks[1:], strict=False)]
@@ -225,9 +262,15 @@ def run_trl(
         "completions_per_s": round((completions - batch) / window, 3) if window else None,
         "completions_per_s_train_call": round(completions / wall_s, 3),
         "ended_by": "budget" if len(timer.end) < steps else "steps",
-        "reward_start": round(reward_start, 4),
-        "reward_end": round(reward_end, 4),
-        "reward_gain": round(reward_end - reward_start, 4),
+        **(
+            {
+                "reward_start": round(reward_start, 4),
+                "reward_end": round(reward_end, 4),
+                "reward_gain": round(reward_end - reward_start, 4),
+            }
+            if reward_start is not None and reward_end is not None
+            else {"saved": timer.saved}
+        ),
         "train_reward_first": round(logs[0]["reward"], 4) if logs else None,
         "train_reward_last": round(logs[-1]["reward"], 4) if logs else None,
         "train_reward_last5": round(statistics.mean(h["reward"] for h in logs[-5:]), 4)

@@ -31,6 +31,8 @@ from . import export
 from .settings import REAL_MODEL_WARM_START, ChaosSettings, LocalNetworkSettings, SoakSettings
 
 if TYPE_CHECKING:
+    from prime_swarm.libs.model.backend import GenerationBackend
+
     from .network import Topology
 
 
@@ -79,16 +81,23 @@ def prepare_model(s: LocalNetworkSettings, say: Callable[[str], None] = print) -
     )
 
 
-def heldout_by_env(model_dir: Path, s: LocalNetworkSettings) -> dict[str, float]:
+def heldout_by_env(
+    model_dir: Path, s: LocalNetworkSettings, backend: GenerationBackend | None = None
+) -> dict[str, float]:
     """Greedy held-out reward of the policy in `model_dir` on each of the pool's environments
-    (`eval_tasks` tasks each, the same tasks every time)."""
+    (`eval_tasks` tasks each, the same tasks every time); `backend` as `heldout_reward`."""
     from prime_swarm.libs.model.io import load_pretrained
     from prime_swarm.libs.rollout.evaluate import heldout_reward
 
     lm = load_pretrained(model_dir)
     return {
         name: heldout_reward(
-            lm, env, s.eval_tasks, seed=12345, max_new_tokens=s.recipe.max_new_tokens
+            lm,
+            env,
+            s.eval_tasks,
+            seed=12345,
+            max_new_tokens=s.recipe.max_new_tokens,
+            backend=backend,
         )
         for name, env in s.recipe.environments().items()
     }

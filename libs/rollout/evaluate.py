@@ -48,13 +48,21 @@ def heldout_reward(
     seed: int,
     temperature: float = 0.0,
     max_new_tokens: int | None = None,
+    backend: GenerationBackend | None = None,
 ) -> float:
     """Mean reward over `n_tasks` held-out tasks (greedy by default, so it is noise-free).
     `max_new_tokens`: the pool's cap (a chatty instruct model needs more than the answer's
-    length); default, the env's longest answer plus EOS."""
+    length); default, the env's longest answer plus EOS. `backend`: transformers in fp32
+    unless given (a vllm one scores a real model's many checkpoints several times faster)."""
     tasks = env.sample_tasks(seed, n_tasks, "heldout")
     rewards = rewards_for(
-        lm, env, tasks, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens
+        lm,
+        env,
+        tasks,
+        temperature=temperature,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        backend=backend,
     )
     return sum(rewards) / max(len(rewards), 1)
 

@@ -18,6 +18,7 @@ from prime_swarm.libs.environments.task_lists import load_task_list
 from prime_swarm.libs.rollout.admission import oldest_admitted
 from prime_swarm.libs.rollout.recipe import EnvShare
 from prime_swarm.libs.rollout.selection import parse_rate, prompt_key
+from prime_swarm.libs.rollout.task_stream import task_at
 from prime_swarm.libs.streams.announcements import latest_announcement_async
 from prime_swarm.libs.streams.replication import Replication, ReplicaWait
 from prime_swarm.protocol import streams
@@ -412,17 +413,15 @@ class LeaseBook:
         return leases, in_flight
 
     def _task_at(self, index: int) -> _Drawn:
-        """The pool's index-th task: a pure function of (seed, index), so no worker steers the
-        stream and every replica draws alike. The environment is drawn by weight first."""
-        seed = self.settings.task_seed
-        share = self.settings.recipe.pick(hash_int("env", seed, index, nbytes=6))
-        env = self.envs[share.env]
-        pick = hash_int("lease", seed, index, nbytes=6)
-        if self.settings.train_tasks is not None:
-            pick %= self.settings.train_tasks
-        listed = self.task_lists.get(share.env)
-        task_id = listed[pick % len(listed)] if listed else env.task_id("train", pick)
-        task = env.task_from_id(task_id)
+        """The pool's index-th task (libs/rollout/task_stream.py)."""
+        share, task = task_at(
+            self.settings.recipe,
+            self.envs,
+            self.settings.task_seed,
+            index,
+            train_tasks=self.settings.train_tasks,
+            task_lists=self.task_lists,
+        )
         return _Drawn(share, task.task_id, task.prompt)
 
     async def _draw(self, count: int) -> list[tuple[int, _Drawn]]:
