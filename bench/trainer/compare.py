@@ -27,6 +27,13 @@ step); both curves in bench/results/trainer_real.png. Each side runs once per se
 (`--real-seeds`, default 0 1 2: the orchestrator's task stream and the trainer's RNG for the
 network, TRL's seed for TRL) and reports the means, every run under `runs` and the held-out
 accuracy's spread between seeds (`heldout_end_sd`; `heldout_end_se`, the mean's standard error).
+Both sides draw the same 64 recurring train problems (the pool's task stream), and the network
+runs live prompt selection on them. Checkpoints along each run are scored afterwards
+(`heldout_curve`, heldout_curve.py; every sixth step and the last), and `ratios` has each side's
+time to reach TRL's final mean accuracy on its mean curve.
+
+`mixture` (mixture.py) asks it of a mixture of environments, and `selection` (selection.py) of
+live selection on and off on the tiny model.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from prime_swarm.deploy.local.cli import heldout, heldout_by_env, prepare_model, weighted
+from prime_swarm.deploy.local.cli import heldout_by_env, prepare_model, weighted
 from prime_swarm.deploy.local.network import LocalNetwork
 from prime_swarm.deploy.local.settings import LocalNetworkSettings
 from prime_swarm.libs.model.hardware import detect, native_precision
@@ -53,7 +60,7 @@ from prime_swarm.libs.rl.defaults import RL
 from prime_swarm.libs.rl.loss import LossConfig
 from prime_swarm.libs.rollout.recipe import Recipe
 
-from .heldout_curve import curve, in_child
+from .heldout_curve import curve, in_child, mean_curve, score_dirs, time_to
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "trainer.json"
 REAL_PLOT = RESULTS.with_name("trainer_real.png")
@@ -71,6 +78,11 @@ REAL_EVAL_TASKS = 1000
 # seed (the network's ended at 0.645 to 0.725 in four runs of one setting), so each side is the
 # mean of several.
 REAL_SEEDS = [0, 1, 2]
+# Live prompt selection in the real section (docs/mixtures.md): it needs prompts that recur, so
+# each side trains on the same 64 train problems (addition has 8100), drawn as the pool's stream.
+REAL_TRAIN_TASKS = 64
+# Checkpoints scored for the held-out curve: every REAL_CURVE_EVERY-th step and the last.
+REAL_CURVE_EVERY = 6
 
 
 def run_network(
@@ -325,9 +337,15 @@ def run_real(
     until `steps` steps or `budget_s` seconds after its first step, whichever comes first, once
     per seed. A side keeps every seed's run (`runs`, a rerun of a seed replaces it) and sums
     them up; `saved` gets the section after each run, which takes 10-15 minutes."""
-    s = LocalNetworkSettings(model="smollm2", steps=steps, eval_tasks=eval_tasks)
+    s = LocalNetworkSettings(
+        model="smollm2",
+        steps=steps,
+        eval_tasks=eval_tasks,
+        select_prompts=True,
+        train_tasks=REAL_TRAIN_TASKS,
+    )
     init_dir = prepare_model(s, say=lambda _m: None)
-    start: float | None = None
+    start: dict[str, float] | None = None
     # Seed by seed, both sides: an interrupted bench leaves pairs.
     for seed in seeds:
         for side in [p.removeprefix("real-") for p in ("real-network", "real-trl") if p in parts]:
@@ -337,21 +355,25 @@ def run_real(
                 f"{side} on SmolLM2, seed {seed}, {steps} steps or {budget_s:.0f} s ...",
                 file=sys.stderr,
             )
-            if side == "network":
-                start = heldout(init_dir, s) if start is None else start
-                with tempfile.TemporaryDirectory(prefix="bench-trainer-real-") as tmp:
-                    net = run_network(seeded, init_dir, Path(tmp), budget_s=budget_s)
-                run = {"heldout_start": round(start, 4), "heldout_end": net.pop("reward_end")}
-                run.update(net)
-            else:
-                # In a process of its own: a TRL run left this one at 9 GB resident, and beside
-                # the next network's services that was OOM-killed on 24 GiB.
-                trl = in_child(_run_trl, init_dir, seeded, seed, budget_s)
-                run = {
-                    "heldout_start": trl.pop("reward_start"),
-                    "heldout_end": trl.pop("reward_end"),
-                }
-                run.update(trl)
+            start = in_child(score_dirs, [init_dir], s)[0] if start is None else start
+            with tempfile.TemporaryDirectory(prefix="bench-trainer-real-") as tmp:
+                if side == "network":
+                    run = run_network(
+                        seeded,
+                        init_dir,
+                        Path(tmp),
+                        budget_s=budget_s,
+                        curve_start=start,
+                        curve_every=REAL_CURVE_EVERY,
+                    )
+                else:
+                    # In a process of its own: a TRL run left this one at 9 GB resident, and
+                    # beside the next network's services that was OOM-killed on 24 GiB.
+                    run = in_child(_run_trl, init_dir, seeded, seed, budget_s, Path(tmp))
+                    points = [(t, Path(tmp) / name) for t, _, name in run.pop("saved")]
+                    run["heldout_curve"] = curve(start, points, seeded)
+            run["heldout_start"] = round(weighted(start, s), 4)
+            run["heldout_end"] = run["heldout_curve"][-1][1]
             run["heldout_end_se"] = round(_standard_error(run["heldout_end"], s), 4)
             runs[str(seed)] = run
             print(json.dumps(run), file=sys.stderr)
@@ -362,10 +384,19 @@ def run_real(
     return out
 
 
-def _run_trl(init_dir: Path, s: LocalNetworkSettings, seed: int, budget_s: float) -> dict:
+def _run_trl(
+    init_dir: Path, s: LocalNetworkSettings, seed: int, budget_s: float, checkpoints: Path
+) -> dict:
     from .trl_baseline import run_trl
 
-    return run_trl(init_dir, s, seed=seed, budget_s=budget_s)
+    return run_trl(
+        init_dir,
+        s,
+        seed=seed,
+        budget_s=budget_s,
+        checkpoints=checkpoints,
+        save_every=REAL_CURVE_EVERY,
+    )
 
 
 def _summary(runs: dict[str, dict]) -> dict:
@@ -397,6 +428,9 @@ def _summary(runs: dict[str, dict]) -> dict:
         "wall_s": round(statistics.mean(r["wall_s"] for r in rs), 1),
         "steps_runs": [r["steps"] for r in rs],
         "reward_curve": curve,
+        "heldout_curve": mean_curve([r["heldout_curve"] for r in rs])
+        if all("heldout_curve" in r for r in rs)
+        else None,
         "runs": runs,
     }
 
@@ -414,6 +448,9 @@ def _real_config(steps: int, budget_s: float, s: LocalNetworkSettings) -> dict:
         "temperature": recipe.temperature,
         "lr": s.lr,
         "eval_tasks": s.eval_tasks,
+        "train_tasks": s.train_tasks,
+        "network_selection": recipe.selection.model_dump(),
+        "heldout_evaluator": "vllm fp32 greedy (bench/trainer/heldout_curve.py)",
         "network_workers": f"{s.workers} x {','.join(s.worker_backends)}",
         "network_async_level": recipe.async_level,
         "network_ratio_against": LossConfig().ratio_against,
@@ -427,7 +464,20 @@ def _real_ratios(out: dict) -> dict:
     if "network" not in out or "trl" not in out:
         return {}
     n, t = out["network"], out["trl"]
+    # Each side's time to reach TRL's final mean accuracy on its mean held-out curve (TRL
+    # without a curve, from runs before curves were kept: its wall time, where it ended).
+    to = {
+        side: time_to(x["heldout_curve"], t["heldout_end"])
+        if x.get("heldout_curve")
+        else (x["wall_s"] if side == "trl" else None)
+        for side, x in (("network", n), ("trl", t))
+    }
     return {
+        "network_time_to_trl_end_s": to["network"],
+        "trl_time_to_trl_end_s": to["trl"],
+        "network_over_trl_time_to_trl_end": round(to["network"] / to["trl"], 3)
+        if to["network"] is not None and to["trl"]
+        else None,
         # Two independent means: a difference within about two of these is noise.
         "heldout_end_difference_se": round(
             (n["heldout_end_se"] ** 2 + t["heldout_end_se"] ** 2) ** 0.5, 4

@@ -66,8 +66,14 @@ def settings(seed: int = 0) -> LocalNetworkSettings:
 
 
 def run_mixture(
-    out: dict, saved: Callable[[dict], None], seeds: list[int] = SEEDS, budget_s: float = BUDGET_S
+    out: dict,
+    saved: Callable[[dict], None],
+    seeds: list[int] = SEEDS,
+    budget_s: float = BUDGET_S,
+    sides: tuple[str, ...] = ("network", "trl"),
 ) -> dict:
+    """Each seed's run of each side (a seed run before is replaced, others kept); `saved` gets
+    the section after each run."""
     from .compare import machine, run_network
 
     base = settings()
@@ -76,7 +82,7 @@ def run_mixture(
         out["start"] = in_child(score_dirs, [init_dir], base)[0]
     start = out["start"]
     for seed in seeds:
-        for side in ("network", "trl"):
+        for side in sides:
             s = settings(seed)
             print(f"mixture, {side}, seed {seed}, {budget_s:.0f} s ...", file=sys.stderr)
             with tempfile.TemporaryDirectory(prefix="bench-mixture-") as tmp:
