@@ -43,8 +43,11 @@ log = logging.getLogger("validator")
 
 # Staleness at validation time can be the queue's fault, not the worker's; held work awaits a
 # second opinion, or the operator's fix of an environment that disagrees with itself: refused for
-# now, never slashed.
-NOT_SLASHED = {"stale_policy", "held_for_recheck", "env_nondeterministic"}
+# now, never slashed. A duplicate is refused (the pool has that group already) but not slashed:
+# where prompts recur (a finite train set, live selection) a confident policy's honest group can
+# equal another lease's token for token at the same version (seen in the e2e run at 8 threads),
+# and a copier earns nothing from the refusal either.
+NOT_SLASHED = {"stale_policy", "held_for_recheck", "env_nondeterministic", "duplicate"}
 SEEN_TTL_S = 7 * 24 * 3600
 # Which accepted cross-class groups are spot-checked: unpredictable to the worker.
 _audit_draw = random.SystemRandom()
