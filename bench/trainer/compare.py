@@ -61,6 +61,7 @@ from prime_swarm.libs.rl.loss import LossConfig
 from prime_swarm.libs.rollout.recipe import Recipe
 
 from .heldout_curve import curve, in_child, mean_curve, score_dirs, time_to
+from .trl_baseline import run_trl
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "trainer.json"
 REAL_PLOT = RESULTS.with_name("trainer_real.png")
@@ -282,8 +283,6 @@ def main() -> None:
             print(json.dumps(result[name]), file=sys.stderr)
             write()
     if args.only is None or "trl" in args.only:
-        from .trl_baseline import run_trl
-
         print("TRL GRPOTrainer ...", file=sys.stderr)
         result["trl"] = run_trl(init_dir, base)
         write()
@@ -369,7 +368,15 @@ def run_real(
                 else:
                     # In a process of its own: a TRL run left this one at 9 GB resident, and
                     # beside the next network's services that was OOM-killed on 24 GiB.
-                    run = in_child(_run_trl, init_dir, seeded, seed, budget_s, Path(tmp))
+                    run = in_child(
+                        run_trl,
+                        init_dir,
+                        seeded,
+                        seed=seed,
+                        budget_s=budget_s,
+                        checkpoints=Path(tmp),
+                        save_every=REAL_CURVE_EVERY,
+                    )
                     points = [(t, Path(tmp) / name) for t, _, name in run.pop("saved")]
                     run["heldout_curve"] = curve(start, points, seeded)
             run["heldout_start"] = round(weighted(start, s), 4)
@@ -382,21 +389,6 @@ def run_real(
             out["ratios"] = _real_ratios(out)
             saved(out)
     return out
-
-
-def _run_trl(
-    init_dir: Path, s: LocalNetworkSettings, seed: int, budget_s: float, checkpoints: Path
-) -> dict:
-    from .trl_baseline import run_trl
-
-    return run_trl(
-        init_dir,
-        s,
-        seed=seed,
-        budget_s=budget_s,
-        checkpoints=checkpoints,
-        save_every=REAL_CURVE_EVERY,
-    )
 
 
 def _summary(runs: dict[str, dict]) -> dict:

@@ -24,11 +24,11 @@ from prime_swarm.deploy.local.settings import LocalNetworkSettings
 GRID_S = 10.0
 
 
-def in_child(fn: Callable[..., Any], *args: Any) -> Any:
-    """`fn(*args)` in a spawned process, so that what it held (a TRL run's 9 GB, a vLLM
-    engine) goes back to the OS before the next run starts."""
+def in_child(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` in a spawned process, so that what it held (a TRL run's 9 GB, a
+    vLLM engine) goes back to the OS before the next run starts."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(fn, *args).result()
+        return pool.submit(fn, *args, **kwargs).result()
 
 
 def score_dirs(dirs: Sequence[Path], s: LocalNetworkSettings) -> list[dict[str, float]]:

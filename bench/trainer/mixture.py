@@ -30,6 +30,7 @@ from prime_swarm.deploy.local.settings import LocalNetworkSettings
 from prime_swarm.libs.rollout.recipe import EnvShare
 
 from .heldout_curve import curve, in_child, mean_curve, score_dirs, time_to
+from .trl_baseline import run_trl
 
 MIXTURE = [
     EnvShare(env="addition"),
@@ -91,7 +92,15 @@ def run_mixture(
                         s, init_dir, Path(tmp), budget_s, curve_start=start, curve_every=CURVE_EVERY
                     )
                 else:
-                    run = in_child(_run_trl, init_dir, s, seed, budget_s, Path(tmp))
+                    run = in_child(
+                        run_trl,
+                        init_dir,
+                        s,
+                        seed=seed,
+                        budget_s=budget_s,
+                        checkpoints=Path(tmp),
+                        save_every=CURVE_EVERY,
+                    )
                     points = [(t, Path(tmp) / name) for t, _, name in run.pop("saved")]
                     run["heldout_curve"] = curve(start, points, s)
             run["heldout_end_by_env"] = run["heldout_curve"][-1][2]
@@ -117,12 +126,6 @@ def run_mixture(
             _times(out)
             saved(out)
     return out
-
-
-def _run_trl(init_dir: Path, s: LocalNetworkSettings, seed: int, budget_s: float, ckpt: Path):
-    from .trl_baseline import run_trl
-
-    return run_trl(init_dir, s, seed=seed, budget_s=budget_s, checkpoints=ckpt, save_every=3)
 
 
 def _mean(xs: list[float]) -> float:
