@@ -129,7 +129,7 @@ conf=$dir/sentinel.conf
     echo "sentinel announce-hostnames yes"
     echo "sentinel announce-ip $REDIS_HA_NAME"
     echo "sentinel monitor $REDIS_HA_SERVICE $primary 6379 ${REDIS_HA_QUORUM:-2}"
-    echo "sentinel down-after-milliseconds $REDIS_HA_SERVICE ${REDIS_HA_DOWN_AFTER_MS:-1000}"
+    echo "sentinel down-after-milliseconds $REDIS_HA_SERVICE ${REDIS_HA_DOWN_AFTER_MS:-3000}"
     echo "sentinel failover-timeout $REDIS_HA_SERVICE ${REDIS_HA_FAILOVER_TIMEOUT_MS:-6000}"
     echo "sentinel parallel-syncs $REDIS_HA_SERVICE 1"
     echo "sentinel auth-user $REDIS_HA_SERVICE $REDIS_HA_USER"

@@ -42,7 +42,10 @@ def as_user(node: RedisServer, secrets: Path, role: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=5)
 
 
-def until(what: str, probe: Callable[[], object], timeout_s: float) -> object:
+def until(
+    what: str, probe: Callable[[], object], timeout_s: float, state: Callable[[], str] = str
+) -> object:
+    """`state`: what the failure message says of the set (who the Sentinels name the primary)."""
     deadline = time.monotonic() + timeout_s
     last: object = None
     while time.monotonic() < deadline:
@@ -52,7 +55,9 @@ def until(what: str, probe: Callable[[], object], timeout_s: float) -> object:
         except redis.RedisError as exc:  # a node restarting, or not yet a replica
             last = exc
         time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout_s:.0f} s (last error: {last!r})")
+    raise AssertionError(
+        f"{what}: not within {timeout_s:.0f} s (last error: {last!r}) {state()}".rstrip()
+    )
 
 
 def replica_in_sync(primary: RedisServer, secrets: Path) -> bool:
@@ -229,7 +234,7 @@ def test_sentinels_as_the_sentinel_user_watch_promote_and_turn_the_lost_node(
 ) -> None:
     with running_failover_set(tmp_path) as fs:
         promoted_s = lose_the_primary_and_bring_it_back(fs)
-    # down-after 1 s, then a quorum and an election: a few seconds on loopback.
+    # down-after 3 s, then a quorum and an election: a few seconds on loopback.
     assert promoted_s < 15, promoted_s
 
 
@@ -271,7 +276,16 @@ def lose_the_primary_and_bring_it_back(fs: SimpleNamespace) -> float:
         # The lost node comes back believing it is the primary; the Sentinels make it the new
         # primary's replica (SLAVEOF, CONFIG REWRITE) and it syncs as the replica user.
         fs.primary.process = fs.primary.process.respawn()
-        until("the old primary a replica in sync", lambda: link_up(fs.primary, secrets), 60)
+        until(
+            "the old primary a replica in sync",
+            lambda: link_up(fs.primary, secrets),
+            60,
+            # A second failover back to the restarted node shows here (DOWN_AFTER_MS says how).
+            lambda: (
+                f"(the Sentinels name port {primary_port(fs.sentinels)} the primary; "
+                f"old {fs.primary.port}, promoted {fs.replica.port})"
+            ),
+        )
         assert orchestrator.wait(1, 5000) == 1
         assert submitted(fs.primary, secrets) == [before, after]
     finally:
