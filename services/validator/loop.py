@@ -184,6 +184,15 @@ class Validator:
                 verify.check_prompt(msg, policy.lm)
                 verify.check_shapes(msg, policy.lm)
             except Refusal as rej:
+                if rej.reason == "unknown_policy":
+                    # The orchestrator admits no version newer than the announced one, so an
+                    # announcement now behind this work is the pool's lost write (a Redis
+                    # failover before the trainer's newest entry replicated), never the
+                    # worker's: left pending like an unfetchable version, and judged once the
+                    # announcements pass it again.
+                    log.warning("announcement behind the work; submission deferred: %s", rej.detail)
+                    metrics.DEFERRED.inc()
+                    continue
                 verdicts.append(Decided(e.entry_id, msg, self._verdict(msg, rej)))
                 continue
             works.append((e.entry_id, verify.Work(msg, policy)))

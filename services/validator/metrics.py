@@ -21,7 +21,8 @@ PREFILL_SECONDS = Histogram(
 UNDECODABLE = Counter("validator_undecodable_total", "Submissions that could not be decoded")
 DEFERRED = Counter(
     "validator_deferred_total",
-    "Submissions left pending because their policy version could not be fetched or loaded",
+    "Submissions left pending because their policy version could not be fetched or loaded, "
+    "or is newer than the announced one",
 )
 SUSPECTS = Counter(
     "validator_suspects_total",

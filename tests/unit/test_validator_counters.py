@@ -106,3 +106,56 @@ def test_a_policy_the_validator_cannot_fetch_defers_the_submission_instead_of_ju
     assert redis_client.llen("validator:1:chain_queue") == 0
     pending = redis_client.xpending(streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP)
     assert pending["pending"] == 3
+
+
+def test_work_newer_than_the_announcement_waits_for_it_and_is_never_slashed(
+    redis_client: redis.Redis,
+) -> None:
+    """The orchestrator admitted v1 while v1 was announced; a Redis failover then lost that
+    announcement (the trainer's XADD had not replicated), so the validator reads v0. The worker
+    did nothing wrong: no verdict, no slash, the work stays pending, and once v1 is announced
+    again the reclaimed work goes on to be judged (here, to the fetch of v1)."""
+
+    def announce(version: int) -> None:
+        ann = PolicyAnnouncement(
+            version=version, step=version, model_hash="h", manifest_path=f"v{version}/manifest"
+        )
+        redis_client.xadd(streams.POLICY_ANNOUNCEMENTS, streams.encode(ann))
+
+    announce(0)
+    for n in range(2):
+        msg = submitted(n)  # two different pieces of work, not one replayed
+        done = msg.submission.completions[0].model_copy(update={"token_ids": [2, 3, 4 + n]})
+        work = msg.submission.model_copy(update={"policy_version": 1, "completions": [done]})
+        redis_client.xadd(
+            streams.ROLLOUTS_SUBMITTED, streams.encode(msg.model_copy(update={"submission": work}))
+        )
+    validator = Validator.__new__(Validator)
+    validator.r = redis_client
+    validator.settings = SimpleNamespace(recipe=Recipe(async_level=1), relays=["http://x"])
+    validator.reader = GroupReader(
+        redis_client,
+        streams.ROLLOUTS_SUBMITTED,
+        streams.VALIDATOR_GROUP,
+        "v",
+        SubmittedRollout,
+        min_idle_ms=0,  # the next read reclaims what this one left pending
+    )
+    validator.queue = SimpleNamespace(key="validator:1:chain_queue")
+    validator.counts = defaultdict(int)
+    validator.store = store = _UnreachablePolicy()
+
+    validator.validate_batch(validator.reader.read(10, block_ms=100))
+
+    assert store.tries == 0  # deferred before any fetch
+    assert redis_client.xlen(streams.ROLLOUTS_REJECTED) == 0
+    assert redis_client.llen("validator:1:chain_queue") == 0
+    pending = redis_client.xpending(streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP)
+    assert pending["pending"] == 2
+
+    announce(1)
+    validator.validate_batch(validator.reader.read(10, block_ms=100))
+
+    assert store.tries == 1  # past the version check now: to the fetch (down here, deferred)
+    assert redis_client.xlen(streams.ROLLOUTS_REJECTED) == 0
+    assert redis_client.llen("validator:1:chain_queue") == 0
