@@ -222,6 +222,12 @@ class Trainer:
                 if msg is None:
                     log.warning("dropping undecodable entry", extra={"fields": {"err": e.error}})
                     self.reader.ack(e.entry_id)
+                elif self._taken.get(msg.submission_id, -1) >= self.persister.saved_step:
+                    # Taken for a step not yet saved: a step longer than `reclaim_idle_ms`
+                    # has the reader reclaim its own batch's entries. Left pending: the
+                    # persister acknowledges them with the step, and a crash before that
+                    # has them delivered again (acknowledged here, they would be lost).
+                    continue
                 elif msg.submission_id in self._taken or self.r.sismember(
                     TRAINED, msg.submission_id
                 ):

@@ -85,6 +85,12 @@ class Persister:
         self._thread = threading.Thread(target=self._run, name="trainer-persist", daemon=True)
         self._thread.start()
 
+    @property
+    def saved_step(self) -> int:
+        """The newest version saved and acknowledged: a group collected at a step below it is
+        durable (its entry acknowledged, its id in the trained set)."""
+        return self._saved
+
     def submit(self, snap: Snapshot) -> float:
         """Queue a version; returns the seconds spent waiting for room (0 unless I/O lags)."""
         self.raise_if_failed()

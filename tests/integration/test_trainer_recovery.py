@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,39 @@ def test_crash_between_save_and_ack(
     assert members == {g.submission_id for g in groups}
     pending = redis_client.xpending(streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP)
     assert pending["pending"] == 0
+
+
+def test_a_step_longer_than_the_reclaim_idle_time_loses_nothing_to_a_crash(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis, origin
+) -> None:  # noqa: ANN001
+    """A step outlasts `reclaim_idle_ms`, so the reader reclaims the entries of the trainer's
+    own batch while that step is still unsaved. They must stay pending (the persister
+    acknowledges them with the step): acknowledged then, a crash before the save loses them."""
+    account, origin_url = origin
+    model_dir = build_tiny_model(3, tmp_path / "init")
+    kw = _settings(tmp_path, redis_server.url, origin_url, model_dir, groups_per_step=2)
+    write_key(kw["key_file"], account)
+    settings = TrainerSettings(max_steps=3, reclaim_idle_ms=200, **kw)
+    groups = make_groups(model_dir, 4)
+    for g in groups:
+        redis_client.xadd(streams.ROLLOUTS_VERIFIED, streams.encode(g))
+
+    first = Trainer(settings, account)
+    unsaved, _ = first.collect()  # the step that runs long: trained, never saved
+    time.sleep(0.4)  # past the reclaim idle time
+    more, _ = first.collect()  # reclaims the first batch's entries on its way to new ones
+    assert {r.submission_id for r in unsaved}.isdisjoint(r.submission_id for r in more)
+    del first  # the crash, before either step is saved
+
+    pending = redis_client.xpending(streams.ROLLOUTS_VERIFIED, streams.TRAINER_GROUP)
+    assert pending["pending"] == len(groups), "an entry of an unsaved step was acknowledged"
+    second = Trainer(settings, account)
+    assert second.step == 0
+    for _ in range(2):
+        second.train_step()
+    second.persister.drain()
+    members = {m.decode() for m in redis_client.smembers(TRAINED)}
+    assert members == {g.submission_id for g in groups}
 
 
 @pytest.mark.timeout(180)
