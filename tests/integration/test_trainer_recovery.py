@@ -139,17 +139,30 @@ def _trained_by_version(root: Path) -> dict[int, list[str]]:
     return out
 
 
-def test_crash_between_save_and_ack(
-    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis, origin
-) -> None:  # noqa: ANN001
+def four_groups_queued(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    origin: tuple,
+    reclaim_idle_ms: int,
+) -> tuple[TrainerSettings, list[VerifiedRollout]]:
+    """A trainer's settings (two groups a step) and four verified groups on its stream."""
     account, origin_url = origin
     model_dir = build_tiny_model(3, tmp_path / "init")
     kw = _settings(tmp_path, redis_server.url, origin_url, model_dir, groups_per_step=2)
     write_key(kw["key_file"], account)
-    settings = TrainerSettings(max_steps=3, reclaim_idle_ms=60_000, **kw)
+    settings = TrainerSettings(max_steps=3, reclaim_idle_ms=reclaim_idle_ms, **kw)
     groups = make_groups(model_dir, 4)
     for g in groups:
         redis_client.xadd(streams.ROLLOUTS_VERIFIED, streams.encode(g))
+    return settings, groups
+
+
+def test_crash_between_save_and_ack(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis, origin
+) -> None:  # noqa: ANN001
+    account = origin[0]
+    settings, groups = four_groups_queued(tmp_path, redis_server, redis_client, origin, 60_000)
 
     first = Trainer(settings, account)
     assert first.step == 0
@@ -191,14 +204,8 @@ def test_a_step_longer_than_the_reclaim_idle_time_loses_nothing_to_a_crash(
     """A step outlasts `reclaim_idle_ms`, so the reader reclaims the entries of the trainer's
     own batch while that step is still unsaved. They must stay pending (the persister
     acknowledges them with the step): acknowledged then, a crash before the save loses them."""
-    account, origin_url = origin
-    model_dir = build_tiny_model(3, tmp_path / "init")
-    kw = _settings(tmp_path, redis_server.url, origin_url, model_dir, groups_per_step=2)
-    write_key(kw["key_file"], account)
-    settings = TrainerSettings(max_steps=3, reclaim_idle_ms=200, **kw)
-    groups = make_groups(model_dir, 4)
-    for g in groups:
-        redis_client.xadd(streams.ROLLOUTS_VERIFIED, streams.encode(g))
+    account = origin[0]
+    settings, groups = four_groups_queued(tmp_path, redis_server, redis_client, origin, 200)
 
     first = Trainer(settings, account)
     unsaved, _ = first.collect()  # the step that runs long: trained, never saved
