@@ -71,32 +71,53 @@ class _UnreachablePolicy:
         raise PolicyError(f"could not fetch policy v{version}: all relays refused")
 
 
+def announce(r: redis.Redis, version: int) -> None:
+    ann = PolicyAnnouncement(
+        version=version, step=version, model_hash="h", manifest_path=f"v{version}/manifest"
+    )
+    r.xadd(streams.POLICY_ANNOUNCEMENTS, streams.encode(ann))
+
+
+def queue_work(r: redis.Redis, n: int, version: int = 0) -> None:
+    """`n` different pieces of work at policy `version` (not one replayed) on the stream."""
+    for i in range(n):
+        msg = submitted(i)
+        done = msg.submission.completions[0].model_copy(update={"token_ids": [2, 3, 4 + i]})
+        work = msg.submission.model_copy(update={"policy_version": version, "completions": [done]})
+        r.xadd(
+            streams.ROLLOUTS_SUBMITTED, streams.encode(msg.model_copy(update={"submission": work}))
+        )
+
+
+def validator_without_policies(
+    r: redis.Redis, min_idle_ms: int = 30_000
+) -> tuple[Validator, _UnreachablePolicy]:
+    """A validator reading the submitted stream whose every policy fetch fails."""
+    validator = Validator.__new__(Validator)
+    validator.r = r
+    validator.settings = SimpleNamespace(recipe=Recipe(async_level=1), relays=["http://x"])
+    validator.reader = GroupReader(
+        r,
+        streams.ROLLOUTS_SUBMITTED,
+        streams.VALIDATOR_GROUP,
+        "v",
+        SubmittedRollout,
+        min_idle_ms=min_idle_ms,
+    )
+    validator.queue = SimpleNamespace(key="validator:1:chain_queue")
+    validator.counts = defaultdict(int)
+    validator.store = store = _UnreachablePolicy()
+    return validator, store
+
+
 def test_a_policy_the_validator_cannot_fetch_defers_the_submission_instead_of_judging_it(
     redis_client: redis.Redis,
 ) -> None:
     """The version was announced (the trainer signed it), so failing to fetch it is the
     validator's problem: no verdict, no slash, the entry stays pending for a later try."""
-    redis_client.xadd(
-        streams.POLICY_ANNOUNCEMENTS,
-        streams.encode(
-            PolicyAnnouncement(version=0, step=0, model_hash="h", manifest_path="v0/manifest")
-        ),
-    )
-    for n in range(3):
-        msg = submitted(n)  # three different pieces of work, not one replayed
-        done = msg.submission.completions[0].model_copy(update={"token_ids": [2, 3, 4 + n]})
-        work = msg.submission.model_copy(update={"completions": [done]})
-        msg = msg.model_copy(update={"submission": work})
-        redis_client.xadd(streams.ROLLOUTS_SUBMITTED, streams.encode(msg))
-    validator = Validator.__new__(Validator)
-    validator.r = redis_client
-    validator.settings = SimpleNamespace(recipe=Recipe(async_level=1), relays=["http://x"])
-    validator.reader = GroupReader(
-        redis_client, streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, "v", SubmittedRollout
-    )
-    validator.queue = SimpleNamespace(key="validator:1:chain_queue")
-    validator.counts = defaultdict(int)
-    validator.store = store = _UnreachablePolicy()
+    announce(redis_client, 0)
+    queue_work(redis_client, 3)
+    validator, store = validator_without_policies(redis_client)
 
     validator.validate_batch(validator.reader.read(10, block_ms=100))
 
@@ -115,35 +136,10 @@ def test_work_newer_than_the_announcement_waits_for_it_and_is_never_slashed(
     announcement (the trainer's XADD had not replicated), so the validator reads v0. The worker
     did nothing wrong: no verdict, no slash, the work stays pending, and once v1 is announced
     again the reclaimed work goes on to be judged (here, to the fetch of v1)."""
-
-    def announce(version: int) -> None:
-        ann = PolicyAnnouncement(
-            version=version, step=version, model_hash="h", manifest_path=f"v{version}/manifest"
-        )
-        redis_client.xadd(streams.POLICY_ANNOUNCEMENTS, streams.encode(ann))
-
-    announce(0)
-    for n in range(2):
-        msg = submitted(n)  # two different pieces of work, not one replayed
-        done = msg.submission.completions[0].model_copy(update={"token_ids": [2, 3, 4 + n]})
-        work = msg.submission.model_copy(update={"policy_version": 1, "completions": [done]})
-        redis_client.xadd(
-            streams.ROLLOUTS_SUBMITTED, streams.encode(msg.model_copy(update={"submission": work}))
-        )
-    validator = Validator.__new__(Validator)
-    validator.r = redis_client
-    validator.settings = SimpleNamespace(recipe=Recipe(async_level=1), relays=["http://x"])
-    validator.reader = GroupReader(
-        redis_client,
-        streams.ROLLOUTS_SUBMITTED,
-        streams.VALIDATOR_GROUP,
-        "v",
-        SubmittedRollout,
-        min_idle_ms=0,  # the next read reclaims what this one left pending
-    )
-    validator.queue = SimpleNamespace(key="validator:1:chain_queue")
-    validator.counts = defaultdict(int)
-    validator.store = store = _UnreachablePolicy()
+    announce(redis_client, 0)
+    queue_work(redis_client, 2, version=1)
+    # min_idle_ms 0: the next read reclaims what this one left pending.
+    validator, store = validator_without_policies(redis_client, min_idle_ms=0)
 
     validator.validate_batch(validator.reader.read(10, block_ms=100))
 
@@ -153,7 +149,7 @@ def test_work_newer_than_the_announcement_waits_for_it_and_is_never_slashed(
     pending = redis_client.xpending(streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP)
     assert pending["pending"] == 2
 
-    announce(1)
+    announce(redis_client, 1)
     validator.validate_batch(validator.reader.read(10, block_ms=100))
 
     assert store.tries == 1  # past the version check now: to the fetch (down here, deferred)
