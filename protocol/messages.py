@@ -238,6 +238,12 @@ class RegisterReply(Versioned):
         max_length=32,
         description="The pool's environments: a worker that cannot build one says so at start.",
     )
+    tool_python: str | None = Field(
+        default=None,
+        pattern=r"^3\.\d{1,2}$",
+        description="The Python minor version the pool's sandboxed code runs under (None: the "
+        "pool runs none); a worker whose sandbox interpreter is another refuses at start.",
+    )
 
 
 class Heartbeat(Versioned):

@@ -115,14 +115,12 @@ class ChaosRun:
             r.close()
         return {k: rollouts[k] for k in ("submitted", "trained_twice", "unaccounted")}  # type: ignore[index]
 
-    def supervise(self, started: float, spare: Sequence[str] = ()) -> None:
-        """Restart, as a supervisor would, any process (but `spare`) that died of something
-        other than a planned kill (the others' deaths, a retry budget spent)."""
-        for name, p in list(self.net.procs.items()):
-            if not p.alive() and name not in spare:
-                self.unplanned[name] += 1
-                self.log.append({"t": round(time.monotonic() - started, 1), "restarted": name})
-                self.net.respawn(name)
+    def supervise(self, started: float, spare: tuple[str, ...] = ()) -> None:
+        """Restart any process (but `spare`) that died of something other than a planned kill
+        (the others' deaths, a retry budget spent), with no limit: the run counts them."""
+        for name in self.net.supervise(spare, budget=None):
+            self.unplanned[name] += 1
+            self.log.append({"t": round(time.monotonic() - started, 1), "restarted": name})
 
     def strike(self, part: str, t: float, step: int) -> None:
         """Kill `part` (a process of it) and bring it back, or fail the Redis primary over."""

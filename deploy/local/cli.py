@@ -139,7 +139,7 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
     from prime_swarm.libs.rl.checkpoint import model_dir
 
     from . import report
-    from .network import LocalNetwork, new_run_dir, point_latest
+    from .network import RESTARTS_PER_PROCESS, LocalNetwork, new_run_dir, point_latest
 
     torch.set_num_threads(2)
     say = (lambda *_a, **_k: None) if s.quiet else print
@@ -181,7 +181,10 @@ def run(s: LocalNetworkSettings) -> dict[str, object]:
             )
             last[0] = now
 
-        rows = net.follow(on_step, s.timeout_s)
+        def on_restart(name: str, code: int | None, times: int) -> None:
+            say(f"{name} exited with {code}; restarted it ({times} of {RESTARTS_PER_PROCESS})")
+
+        rows = net.follow(on_step, s.timeout_s, on_restart=on_restart)
         if s.keep:
             print(
                 f"training done ({len(rows)} steps); the pool stays up for others to join. "

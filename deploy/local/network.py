@@ -32,6 +32,14 @@ from .placement import OnThisMachine, Placement, url
 from .pool import Pool, script, start_pool
 from .settings import LocalNetworkSettings
 
+RESTARTS_PER_PROCESS = 5
+"""How often the launcher restarts one process that died before it calls the run failed: a
+deployment's supervisor (systemd's Restart=on-failure, Kubernetes) restarts a replica that died
+while its peers serve; a process that keeps dying is a fault restarts do not mend."""
+
+OnRestart = Callable[[str, "int | None", int], None]
+"""Told of each restart: the process's name, its exit code, and how many times it restarted."""
+
 
 @dataclass
 class Topology:
@@ -70,6 +78,7 @@ class LocalNetwork:
         self.pool: Pool | None = None
         self._cpu: dict[str, float] = {}
         self.retired: dict[str, ManagedProcess] = {}
+        self.restarts: dict[str, int] = {}
         # One torch thread per process: the workers, a validator and a trainer share 2 cores.
         self.env = {
             "OMP_NUM_THREADS": "1",
@@ -344,9 +353,10 @@ class LocalNetwork:
         on_step: Callable[[StepProgress], None],
         timeout_s: float,
         until: Callable[[list[StepProgress]], bool] | None = None,
+        on_restart: OnRestart | None = None,
     ) -> list[StepProgress]:
         """Report each new trainer step until the trainer exits, or until `until(rows so far)`
-        holds (a budget the caller keeps); fail fast if a service dies."""
+        holds (a budget the caller keeps); a service that dies is restarted (`supervise`)."""
         deadline = time.monotonic() + timeout_s
         seen = 0
         trainer = self.procs["trainer"]
@@ -365,12 +375,35 @@ class LocalNetwork:
                         f"trainer exited with {trainer.proc.returncode}:\n{trainer.tail()}"
                     )
                 return progress.read(self.progress_file)
-            for name, p in self.procs.items():
-                if name != "trainer" and not p.alive():
-                    raise ProcessFailed(f"{name} exited with {p.proc.returncode}:\n{p.tail()}")
+            self.supervise(spare=("trainer",), on_restart=on_restart)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"run did not finish within {timeout_s:.0f}s")
             time.sleep(0.5)
+
+    def supervise(
+        self,
+        spare: tuple[str, ...] = (),
+        on_restart: OnRestart | None = None,
+        budget: int | None = RESTARTS_PER_PROCESS,
+    ) -> list[str]:
+        """Restart, as a deployment's supervisor would, every process (but `spare`) that has
+        exited: the run goes on while its peers serve. Past `budget` restarts of one process
+        (None: no limit) the run fails with its last lines. Returns the names restarted."""
+        restarted = []
+        for name, p in list(self.procs.items()):
+            if name in spare or p.alive():
+                continue
+            code = p.proc.returncode
+            if budget is not None and self.restarts.get(name, 0) >= budget:
+                raise ProcessFailed(
+                    f"{name} exited with {code} after {budget} restarts:\n{p.tail()}"
+                )
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            self.respawn(name)
+            restarted.append(name)
+            if on_restart is not None:
+                on_restart(name, code, self.restarts[name])
+        return restarted
 
     def read_books(self, every_s: float = 0.0) -> None:
         """Catch the books up with the streams (at most once every `every_s`)."""

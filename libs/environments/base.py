@@ -69,6 +69,10 @@ class Env(ABC):
     def task_from_id(self, task_id: str) -> Task:
         """Re-derive the task from its id alone (the id encodes split and index)."""
 
+    runs_code: bool = False
+    """Its replies or rewards run code in the sandbox (tool cells, tests): a worker or
+    validator then needs the pool's pinned tool interpreter (`Recipe.tool_python`)."""
+
     max_turns: int = 1
     """The most model turns an episode holds; the episode ends after this many whatever
     `reply` would say."""

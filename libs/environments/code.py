@@ -62,6 +62,8 @@ Spec = tuple[str, int | None]  # (family name, k)
 
 
 class CodeEnv(Env):
+    runs_code = True
+
     def __init__(self, name: str = "code", limits: Limits = LIMITS) -> None:
         self.name = name
         self.limits = limits

@@ -137,6 +137,8 @@ Problem = tuple[str, tuple[tuple[str, int], ...]]  # (family, sorted params)
 
 
 class PythonToolEnv(SeededProblemEnv[Problem]):
+    runs_code = True
+
     def __init__(
         self,
         name: str = "python-tool",

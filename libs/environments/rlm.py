@@ -100,6 +100,8 @@ Problem = tuple[str, int | str, int]  # (family, param, input seed)
 
 
 class RLMEnv(SeededProblemEnv[Problem]):
+    runs_code = True
+
     def __init__(
         self,
         name: str = "rlm",

@@ -88,6 +88,14 @@ class Recipe(BaseSettings):
         "inside <answer> tags) added to the task score: a task the model cannot yet answer "
         "still gives groups a signal. The validator recomputes it; 0 turns it off.",
     )
+    tool_python: str = Field(
+        "3.11",
+        pattern=r"^3\.\d{1,2}$",
+        description="The Python minor version that model-written and environment code runs "
+        "under in every worker's and validator's sandbox: a cell's output depends on it (3.12 "
+        "has functions 3.11 lacks), everything below it is masked. A machine whose sandbox "
+        "interpreter is another one is refused at join (PRIME_SANDBOX_PYTHON points at one).",
+    )
     selection: PromptSelection = Field(
         default_factory=PromptSelection,
         description='Live prompt selection by pass rate (JSON, e.g. {"enabled": true}).',
@@ -121,6 +129,12 @@ class Recipe(BaseSettings):
     def environments(self) -> dict[str, Env]:
         """Every environment of the pool, built with its arguments, by name."""
         return {s.env: load_env(s.env, s.args) for s in self.shares()}
+
+    def pinned_tool_python(self) -> str | None:
+        """`tool_python` when one of the pool's environments runs code, else None (a pool
+        without sandboxed code pins no interpreter)."""
+        runs_code = any(env.runs_code for env in self.environments().values())
+        return self.tool_python if runs_code else None
 
     def environment(self) -> Env:
         """The pool's environment: the only one, or a mixture's first."""

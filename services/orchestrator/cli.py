@@ -5,6 +5,7 @@ from __future__ import annotations
 from prime_swarm.libs.cli import add_settings, fail, new_parser
 from prime_swarm.libs.cli.lifecycle import hangup_as_terminate
 from prime_swarm.libs.environments.determinism import check_environments
+from prime_swarm.libs.environments.sandbox.interpreter import InterpreterError, require_tool_python
 
 from .settings import OrchestratorSettings
 
@@ -18,6 +19,11 @@ def main(argv: list[str] | None = None) -> None:
     settings = flags.load(parser.parse_args(argv))
     # An environment that is not deterministic turns honest work into `context_mismatch`: the
     # pool does not start on one (each environment played here and in a fresh process).
+    try:  # the check below runs the environments' code in the sandbox
+        if (pinned := settings.recipe.pinned_tool_python()) is not None:
+            require_tool_python(pinned)
+    except InterpreterError as exc:
+        fail(parser.prog, str(exc))
     problem = check_environments((s.env, s.args) for s in settings.recipe.shares())
     if problem is not None:
         fail(parser.prog, problem)

@@ -4,6 +4,13 @@ on chain, signed with the pool owner's key (no slash; its stake unbonds as after
 Without it a vanished worker stays a member forever, counted in the pool and holding stake the
 owner cannot tell from an active contributor's. The roster's claim is the lock: with several
 orchestrators on one Redis, each silent worker is ejected once.
+
+Silence is the worker's fault only when the pool could have heard it. Two kinds of silence are
+the operator's, and eject nobody (`why_nobody_is_ejected`): the pool was not listening (every
+replica down, or Redis out of their reach: the count of silence starts again when one listens),
+and silence that is correlated (more than `eject_max_silent_share` of the roster silent at once:
+the orchestrator's region cut off, its balancer down, a route lost; contributors do not leave
+in step).
 """
 
 from __future__ import annotations
@@ -23,19 +30,56 @@ from .state import WorkerRoster
 log = logging.getLogger(__name__)
 
 
+def round_interval_s(settings: OrchestratorSettings) -> float:
+    return min(10.0, settings.eject_after_s / 4)
+
+
+def why_nobody_is_ejected(
+    silent: int, registered: int, listened_s: float, settings: OrchestratorSettings
+) -> str | None:
+    """Why this round must eject nobody (the silence is the operator's), or None."""
+    if silent and listened_s < settings.eject_after_s:
+        return (
+            f"the pool has listened for only {listened_s:.0f} s (its replicas or Redis were "
+            "down): silence from before that is not the workers'"
+        )
+    if silent and silent > settings.eject_max_silent_share * registered:
+        return (
+            f"{silent} of {registered} workers silent at once (more than "
+            f"{settings.eject_max_silent_share:.0%}): an outage on the pool's side or the "
+            "network's, not departures"
+        )
+    return None
+
+
 async def eject_silent_workers(
     roster: WorkerRoster, owner: LedgerClient, settings: OrchestratorSettings
 ) -> None:
     """Runs for the orchestrator's lifetime; each round ejects the workers silent for too long."""
-    interval = min(30.0, settings.eject_after_s / 4)
+    interval = round_interval_s(settings)
+    held: str | None = None
     while True:
         await asyncio.sleep(interval)
         try:
-            silent = await roster.claim_silent(settings.eject_after_s)
+            # Two missed rounds of every replica is a gap: nobody was listening then.
+            since = await roster.mark_listening(gap_s=3 * interval)
+            silent, registered = await roster.silent(settings.eject_after_s)
         except Exception as exc:  # Redis down: the next round tries again
             log.warning("ejection round skipped: %s", exc)
             continue
+        why = why_nobody_is_ejected(len(silent), registered, time.time() - since, settings)
+        metrics.EJECTIONS_HELD.set(1 if why else 0)
+        if why != held:
+            if why:
+                log.warning("nobody ejected: %s", why, extra={"fields": {"silent": len(silent)}})
+            elif held:
+                log.info("silent workers may be ejected again")
+            held = why
+        if why:
+            continue
         for worker in silent:
+            if not await roster.claim(worker, settings.eject_after_s):
+                continue  # heard from since, or claimed by another replica
             record = await asyncio.to_thread(eject_one, owner, settings, worker)
             if record is not None:
                 await roster.record_ejection(worker, json.dumps(record))

@@ -19,6 +19,11 @@ IN_FLIGHT = Gauge(
 WORKERS_EJECTED = Counter(
     "orchestrator_workers_ejected_total", "Silent workers ejected on chain with the owner's key"
 )
+EJECTIONS_HELD = Gauge(
+    "orchestrator_ejections_held",
+    "1 while silent workers are not ejected because the silence is the pool's (replicas or "
+    "Redis were down, or a large share of the roster went silent at once)",
+)
 PROMPTS_SELECTED = Counter(
     "orchestrator_prompts_selected_total",
     "Tasks drawn by live prompt selection, by environment and what became of them "

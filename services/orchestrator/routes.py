@@ -78,6 +78,7 @@ async def register(
             PoolEnvironment(env=x.env, env_args=x.args, weight=x.weight)
             for x in pool.settings.recipe.shares()
         ],
+        tool_python=pool.settings.recipe.pinned_tool_python(),
     )
 
 

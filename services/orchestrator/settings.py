@@ -96,6 +96,14 @@ class OrchestratorSettings(BaseSettings):
         gt=0,
         description="Silence (no heartbeat, no lease request) after which a worker is ejected.",
     )
+    eject_max_silent_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="When more than this share of the roster is silent past `eject_after_s` at "
+        "once, nobody is ejected: correlated silence is an outage (the orchestrator's region, "
+        "balancer or route), not contributors leaving.",
+    )
     lease_spread: float = Field(
         1.5,
         ge=1.0,

@@ -44,6 +44,9 @@ TASK_COUNTER = "orch:task_counter"
 WORKERS = "orch:workers"  # hash: address -> registration time
 LIVE_WORKERS = "orch:live_workers"  # sorted set: address scored by when it was last heard from
 EJECTED = "orch:ejected"  # hash: address -> JSON of the ejection (when, why, transaction)
+# Hash {since, last}: since when some orchestrator replica has listened without a gap (each
+# replica's ejector marks it every round); silence is only counted while the pool listened.
+LISTENING = "orch:listening"
 LEASE = "orch:lease:{lease_id}"
 # Sorted sets of open lease ids scored by expiry: per worker, and pool-wide for admission.
 OPEN_LEASES = "orch:open_leases:{worker}"
@@ -123,22 +126,57 @@ class WorkerRoster:
             _, live = await pipe.execute()
         return int(live)
 
-    async def claim_silent(self, silent_for_s: float, limit: int = 16) -> list[str]:
-        """Registered workers not heard from for `silent_for_s`, each removed from the roster as
-        it is claimed (ZREM decides, so two orchestrators never eject the same worker twice).
-        A claimed worker must register again, after rejoining on chain, to get work."""
+    async def mark_listening(self, gap_s: float) -> float:
+        """Record that this replica is listening now; returns since when the pool has listened
+        without a gap longer than `gap_s` (all replicas down, or Redis out of their reach,
+        starts the count again when one is back)."""
+        since = await self.redis.eval(_MARK_LISTENING, 1, LISTENING, repr(time.time()), gap_s)
+        return float(since)
+
+    async def silent(self, silent_for_s: float) -> tuple[list[str], int]:
+        """Registered workers not heard from for `silent_for_s`, and how many are registered."""
         cutoff = time.time() - silent_for_s
-        claimed = []
-        for raw in await self.redis.zrangebyscore(LIVE_WORKERS, "-inf", cutoff, 0, limit):
-            worker = raw.decode() if isinstance(raw, bytes) else raw
-            if await self.redis.zrem(LIVE_WORKERS, worker):
-                await self.redis.hdel(WORKERS, worker)
-                claimed.append(worker)
-        return claimed
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrangebyscore(LIVE_WORKERS, "-inf", cutoff)
+            pipe.zcard(LIVE_WORKERS)
+            raw, registered = await pipe.execute()
+        return [w.decode() if isinstance(w, bytes) else w for w in raw], int(registered)
+
+    async def claim(self, worker: str, silent_for_s: float) -> bool:
+        """Take a silent worker off the roster, if it is still silent (ZREM decides, so two
+        orchestrators never eject the same worker twice). A claimed worker must register
+        again, after rejoining on chain, to get work."""
+        cutoff = time.time() - silent_for_s
+        claimed = await self.redis.eval(_CLAIM_SILENT, 2, LIVE_WORKERS, WORKERS, worker, cutoff)
+        return bool(claimed)
 
     async def record_ejection(self, worker: str, record: str) -> None:
         await self.redis.hset(EJECTED, worker, record)
 
+
+# KEYS: the listening hash. ARGV: now, the longest gap that still counts as listening.
+_MARK_LISTENING = """
+local marks = redis.call('HMGET', KEYS[1], 'since', 'last')
+local since, last = tonumber(marks[1]), tonumber(marks[2])
+if since == nil or last == nil or tonumber(ARGV[1]) - last > tonumber(ARGV[2]) then
+  since = ARGV[1]
+  redis.call('HSET', KEYS[1], 'since', since)
+end
+redis.call('HSET', KEYS[1], 'last', ARGV[1])
+return tostring(since)
+"""
+
+# KEYS: live workers, workers. ARGV: the worker, the cutoff. Removed only if still silent: a
+# worker heard from since the round read the roster stays.
+_CLAIM_SILENT = """
+local seen = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if seen == false or tonumber(seen) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return 1
+"""
 
 # Reserve ARGV[1] ids; -1 when the counter is missing and no floor (ARGV[2]) was given, so the
 # caller reads one from the chain and asks again. SET NX: of two requests that both found it

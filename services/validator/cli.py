@@ -9,6 +9,7 @@ from prime_swarm.libs.chain.errors import ChainError
 from prime_swarm.libs.chain.keyfile import KeyFileError, load_key
 from prime_swarm.libs.cli import add_settings, fail, new_parser
 from prime_swarm.libs.cli.lifecycle import on_stop_signals
+from prime_swarm.libs.environments.sandbox.interpreter import InterpreterError, require_tool_python
 from prime_swarm.libs.observability.http import serve_observability
 from prime_swarm.libs.observability.logs import setup_logging
 from prime_swarm.libs.streams.connection import exit_when_redis_is_gone
@@ -26,6 +27,11 @@ def main(argv: list[str] | None = None) -> None:
         account = load_key(settings.key_file)
     except (KeyFileError, OSError) as exc:
         fail(PROG, f"--key-file: {exc}")
+    if (pinned := settings.recipe.pinned_tool_python()) is not None:
+        try:
+            require_tool_python(pinned)
+        except InterpreterError as exc:
+            fail(PROG, str(exc))
     setup_logging("validator", settings.log_level)
     import torch  # after the arguments are checked: `--help` answers at once
 

@@ -164,7 +164,7 @@ def _cuda_visible() -> bool:
 def join(settings: WorkerSettings, account: LocalAccount, ledger: LedgerClient) -> None:
     from prime_swarm.libs.model.hardware import detect, native_precision
 
-    from .onboarding import check_orchestrator, check_trainer, stake_if_needed
+    from .onboarding import check_orchestrator, check_trainer, rejoin, stake_if_needed
 
     say = print if sys.stderr.isatty() else (lambda *_a: None)
     try:
@@ -206,6 +206,7 @@ def join(settings: WorkerSettings, account: LocalAccount, ledger: LedgerClient) 
         trainer,
         hardware.describe(),
         snapshot,
+        rejoin=lambda: rejoin(ledger, settings, account.address),
     )
     install_stop(worker.stop)
     if settings.metrics_port:

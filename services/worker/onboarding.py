@@ -138,3 +138,26 @@ def stake_if_needed(
         raise JoinError(f"staking failed: {exc}") from None
     log.info("staked", extra={"fields": {"pool": pool.pool_id, "eth": eth(due)}})
     return True
+
+
+def rejoin(ledger: LedgerClient, settings: WorkerSettings, address: str) -> str:
+    """Back into the pool on chain after losing membership mid-run (ejected for silence):
+    free when what is still unbonding covers the minimum (gas only), otherwise only with
+    `--yes`, which already agreed to stake the minimum. Returns what it did, in one line."""
+    standing = read_standing(ledger, settings, address)
+    pool = standing.pool
+    if standing.member:
+        if standing.stake >= pool.min_stake:
+            return f"still a member of pool {pool.pool_id} on chain"
+        raise JoinError(
+            f"{eth(standing.stake)} staked in pool {pool.pool_id}, below its minimum "
+            f"{eth(pool.min_stake)} (slashed: `prime-worker status` shows the verdicts)"
+        )
+    due = max(0, pool.min_stake - standing.stake)
+    if due and not settings.yes:
+        raise JoinError(
+            f"no longer a member of pool {pool.pool_id}, and rejoining needs {eth(due)} more "
+            "stake: run `prime-worker join` again (or pass --yes to restake by itself)"
+        )
+    stake_if_needed(ledger, standing, confirm=lambda _q: True)
+    return f"rejoined pool {pool.pool_id} on chain ({eth(due)} staked anew)"

@@ -6,13 +6,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import httpx
 from eth_account.signers.local import LocalAccount
 from tqdm import tqdm
 
 from prime_swarm.libs.environments import EnvLoadError, load_env
+from prime_swarm.libs.environments.sandbox.interpreter import InterpreterError, require_tool_python
 from prime_swarm.libs.model.backend import GenerationBackend
 from prime_swarm.libs.model.causal_lm import PRECISIONS
 from prime_swarm.libs.policy.store import LoadedPolicy, PolicyError, PolicyStore
@@ -36,19 +37,32 @@ from .status_line import Snapshot
 
 log = logging.getLogger("worker")
 
+# The orchestrator's refusals that mean "you are off the roster" (its ejector claimed this
+# worker, or its Redis lost the roster) and "you are off the pool on chain" (ejected, left, or
+# slashed below the minimum): both are mended by the worker itself, within REJOIN_BUDGET.
+OFF_ROSTER = "not_registered"
+OFF_POOL = ("not_a_member", "stake_below_minimum")
+REJOIN_BUDGET = (5, 600.0)
+"""At most this many re-registrations in this many seconds: more is a fault that waiting on
+does not mend, and the worker stops with one line instead of spinning."""
+
 SWITCH_WAIT_S = 0.25
 """How long a worker holding leases waits for an announced version's download before it
 generates them with the version it holds."""
 
 
-def require_environments(environments: Sequence[PoolEnvironment]) -> None:
+def require_environments(
+    environments: Sequence[PoolEnvironment], tool_python: str | None = None
+) -> None:
     """The pool's environments are packages this machine must have installed (and able to
-    build with the pool's arguments): a worker that lacks one says so when it joins, not at
-    the first lease from it."""
+    build with the pool's arguments), and the code they run needs the pool's pinned tool
+    interpreter: a worker that lacks either says so when it joins, not at the first lease."""
     try:
         for pooled in environments:
             load_env(pooled.env, pooled.env_args)
-    except EnvLoadError as exc:
+        if tool_python is not None:
+            require_tool_python(tool_python)
+    except (EnvLoadError, InterpreterError) as exc:
         raise JoinError(f"cannot answer this pool's leases: {exc}") from None
 
 
@@ -65,7 +79,11 @@ class Worker:
         trusted_trainer: str,
         hardware: str = "",
         snapshot: Snapshot | None = None,
+        rejoin: Callable[[], str] | None = None,
     ) -> None:
+        """`rejoin`: stakes this key back into the pool on chain when it is no longer a member
+        (ejected for a silence that was its own); returns a line saying what it did, raises
+        `JoinError` saying what the contributor must do. None: the worker stops instead."""
         self.settings, self.account, self.backend = settings, account, backend
         self.orchestrator_url, self.trusted_trainer = orchestrator_url, trusted_trainer
         self.hardware = hardware
@@ -75,6 +93,9 @@ class Worker:
         self.store: PolicyStore | None = None
         self.submitted = 0
         self.refused = 0
+        self.rejoin = rejoin
+        self._registrations: list[float] = []
+        self.heartbeat_interval_s = 2.0
 
     # ------------------------------------------------------------------ loops
     def _heartbeat_loop(self, client: OrchestratorClient, interval: float) -> None:
@@ -154,31 +175,10 @@ class Worker:
             self.stop,
         )
         outage = Outage(self.settings.outage_budget_s, self.snapshot)
-        request = RegisterRequest(
-            worker=self.account.address,
-            pool_id=self.settings.pool_id,
-            backend=self.settings.backend,
-            device=self.settings.device,
-            hardware=self.hardware[:128],
-        )
-        while True:
-            self.snapshot.activity = "registering"
-            try:
-                reply = client.register(request)
-                break
-            except OrchestratorError as exc:
-                if not exc.transient:
-                    raise JoinError(f"registration refused: {exc}") from None
-                outage.wait(self.stop, exc)
-            except httpx.TransportError as exc:
-                outage.wait(self.stop, exc)
-            if self.stop.is_set():
-                return
-        self.policy_info = reply.policy
-        require_environments(reply.environments)
-        log.info("registered", extra={"fields": {"orchestrator": self.orchestrator_url}})
+        if not self._register(client, outage):
+            return
         hb = threading.Thread(
-            target=self._heartbeat_loop, args=(client, reply.heartbeat_interval_s), daemon=True
+            target=self._heartbeat_loop, args=(client, self.heartbeat_interval_s), daemon=True
         )
         hb.start()
         try:
@@ -194,6 +194,56 @@ class Worker:
                 "worker stopped",
                 extra={"fields": {"submitted": self.submitted, "refused": self.refused}},
             )
+
+    def _register(self, client: OrchestratorClient, outage: Outage) -> bool:
+        """Register (again), riding out an outage, and rejoin the pool on chain first if the
+        orchestrator says this key is no longer a member. False if stopped meanwhile."""
+        now = time.monotonic()
+        count, window_s = REJOIN_BUDGET
+        self._registrations = [t for t in self._registrations if now - t < window_s]
+        if len(self._registrations) >= count:
+            raise JoinError(
+                f"registered {count} times in {window_s:.0f} s and lost it each time; "
+                "ask the pool's operator (its status page names this worker's standing)"
+            )
+        self._registrations.append(now)
+        request = RegisterRequest(
+            worker=self.account.address,
+            pool_id=self.settings.pool_id,
+            backend=self.settings.backend,
+            device=self.settings.device,
+            hardware=self.hardware[:128],
+        )
+        rejoined = False
+        while not self.stop.is_set():
+            self.snapshot.activity = "registering"
+            try:
+                reply = client.register(request)
+                break
+            except OrchestratorError as exc:
+                if exc.reason in OFF_POOL and not rejoined:
+                    self._rejoin_pool(exc)
+                    rejoined = True
+                    continue
+                if not exc.transient:
+                    raise JoinError(f"registration refused: {exc}") from None
+                outage.wait(self.stop, exc)
+            except httpx.TransportError as exc:
+                outage.wait(self.stop, exc)
+        else:
+            return False
+        outage.over()
+        self.policy_info, self.heartbeat_interval_s = reply.policy, reply.heartbeat_interval_s
+        require_environments(reply.environments, reply.tool_python)
+        log.info("registered", extra={"fields": {"orchestrator": self.orchestrator_url}})
+        return True
+
+    def _rejoin_pool(self, refusal: OrchestratorError) -> None:
+        if self.rejoin is None:
+            raise JoinError(f"no longer in the pool ({refusal.message}); run join again")
+        log.warning("no longer in the pool, rejoining: %s", refusal.message)
+        self.snapshot.activity = "rejoining the pool"
+        log.warning("%s", self.rejoin())
 
     def _work(self, client: OrchestratorClient, outage: Outage) -> None:
         """Lease a batch, generate it in one go, hand it to the submitter and lease the next:
@@ -228,6 +278,10 @@ class Worker:
                         outage.wait(self.stop, exc)
                     elif exc.reason == "stale_policy":
                         self._refresh_policy_info(client)
+                    elif exc.reason == OFF_ROSTER or exc.reason in OFF_POOL:
+                        log.warning("lease refused (%s): registering again", exc.reason)
+                        if not self._register(client, outage):
+                            return
                     else:
                         log.warning("lease refused: %s", exc)
                         self.stop.wait(1.0)

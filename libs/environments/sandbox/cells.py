@@ -17,6 +17,7 @@ from prime_swarm.libs.environments.sandbox.harness import (
     MEMORY_EXIT,
     OUTPUT_EXIT,
 )
+from prime_swarm.libs.environments.sandbox.interpreter import sandbox_interpreter
 from prime_swarm.libs.environments.sandbox.process import Limits, Reason, Run, report_value, run_job
 
 
@@ -101,11 +102,14 @@ def _cells_outcome(run: Run, n_cells: int) -> tuple[Reason, int, str, int]:
 
 def _scrub(text: str, workdir: str) -> str:
     """`text` without what differs between two runs of the same cells: the temp dir's path (in
-    any form the code may print it) and the addresses in default reprs (`<object at 0x...>`).
-    Surrogates (from a lone one the code printed) become escapes, so the text encodes."""
+    any form the code may print it), the interpreter's stdlib paths (as `/python/lib/...`, the
+    prefix the harness's masked `sys.prefix` names) and the addresses in default reprs
+    (`<object at 0x...>`). Surrogates (from a lone one the code printed) become escapes, so the
+    text encodes."""
     for path in sorted({os.path.realpath(workdir), workdir}, key=len, reverse=True):
         text = text.replace(path, "/sandbox")
     text = text.replace(os.path.basename(workdir), "sandbox")
+    text = sandbox_interpreter().masked(text)
     text = _ADDRESS.sub(" at 0x...", text)
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 

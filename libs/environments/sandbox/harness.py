@@ -49,6 +49,7 @@ def _child_main(payload: str, exits: tuple[int, int, int], markers: tuple[str, s
     posix.unlink(payload)
     if mode == "cells":
         _fix_nondeterminism()
+    _mask_host()
     _arm_guards(max_files, exits[0])
     if mode == "tests":
         _call_entry(*job, exits[1], markers[0])
@@ -72,6 +73,61 @@ def _fix_nondeterminism() -> None:
     for name in ("start_new_thread", "start_new", "start_joinable_thread"):
         if hasattr(_thread, name):
             setattr(_thread, name, no_threads)
+
+
+def _mask_host() -> None:
+    """What code could print about the machine rather than compute: a worker and a validator on
+    different hosts and builds of one Python minor version must see the same output. The core
+    count, CPU affinity and load, the host's name, kernel and architecture, and the
+    interpreter's patch level, build and paths read as fixed values. The minor version itself
+    cannot be masked (3.12 has functions 3.11 lacks): the pool's recipe pins it (`tool_python`).
+    The paths of the stdlib as modules' `__file__` and `sys.path` show them are scrubbed from
+    the output by the parent, which knows them (process.py)."""
+    import os
+    import sys
+
+    major, minor = sys.version_info[:2]
+
+    class version_info(tuple):  # noqa: N801 - the name its repr shows, as the real one's
+        __slots__ = ()
+        major = property(lambda self: self[0])
+        minor = property(lambda self: self[1])
+        micro = property(lambda self: self[2])
+        releaselevel = property(lambda self: self[3])
+        serial = property(lambda self: self[4])
+
+        def __repr__(self):
+            major, minor, micro, level, serial = self
+            return (
+                f"sys.version_info(major={major}, minor={minor}, micro={micro}, "
+                f"releaselevel={level!r}, serial={serial})"
+            )
+
+    masked = version_info((major, minor, 0, "final", 0))
+    sys.version_info = masked
+    sys.implementation.version = masked
+    sys.hexversion = major << 24 | minor << 16 | 0xF0
+    # Well-formed for platform's parser: python_version() reads "3.x.0", the build "sandbox".
+    sys.version = f"{major}.{minor}.0 (sandbox, Jan  1 2000, 00:00:00) [sandbox]"
+    sys.executable = sys._base_executable = f"/python/bin/python{major}.{minor}"
+    sys.prefix = sys.base_prefix = sys.exec_prefix = sys.base_exec_prefix = "/python"
+    uname = os.uname_result(("Linux", "sandbox", "sandbox", "sandbox", "sandbox"))
+    sysconf = os.sysconf
+    cpus = ("SC_NPROCESSORS_ONLN", "SC_NPROCESSORS_CONF", 83, 84)
+
+    masks = {
+        "uname": lambda: uname,
+        "cpu_count": lambda: 1,
+        "process_cpu_count": lambda: 1,  # 3.13
+        "sched_getaffinity": lambda pid: {0},
+        "getloadavg": lambda: (0.0, 0.0, 0.0),
+        "sysconf": lambda name: 1 if name in cpus else sysconf(name),
+    }
+    # os re-exports posix's functions: both names of each are replaced.
+    for module in (os, sys.modules["posix"]):
+        for name, fn in masks.items():
+            if hasattr(module, name):
+                setattr(module, name, fn)
 
 
 def _arm_guards(max_files: int, forbidden_exit: int) -> None:

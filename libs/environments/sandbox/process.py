@@ -14,7 +14,6 @@ import selectors
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from importlib import resources
 from typing import Any, Literal
 
 from prime_swarm.libs.environments.sandbox.harness import PAYLOAD_NAME, RESULT_MARKER
+from prime_swarm.libs.environments.sandbox.interpreter import sandbox_interpreter
 
 Reason = Literal["ok", "timeout", "memory", "error", "forbidden", "output_limit"]
 
@@ -47,7 +47,7 @@ def _harness() -> str:
 
 def _command(workdir: str) -> list[str]:
     return [
-        sys.executable,
+        sandbox_interpreter().path,
         "-s",
         "-P",
         "-S",
