@@ -195,7 +195,9 @@ VALIDATOR = Role(
     grants=(
         Grant(
             keys=("validator:*",),
-            commands=("set", "get", "rpush", "llen", "lrange", "ltrim", "hincrby", "expire"),
+            commands=(
+                "set", "get", "rpush", "llen", "lrange", "ltrim", "hincrby", "hgetall", "expire",
+            ),  # fmt: skip
         ),
         Grant(keys=(streams.ROLLOUTS_SUBMITTED,), commands=(*GROUP_READER, *TRIMMER)),
         Grant(keys=(streams.ROLLOUTS_VERIFIED,), commands=("xadd",)),

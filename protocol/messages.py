@@ -504,6 +504,10 @@ RejectReason = Literal[
     # Refused on what an environment said, when the environment disagrees with itself: its bug,
     # not the worker's (libs/rollout/verify.py `environment_second_look`); never slashed.
     "env_nondeterministic",
+    # Refused on what an environment said while it agrees with itself on the validator's
+    # machine, before other workers' groups witness it replaying elsewhere: held, never slashed
+    # until they do (libs/rollout/env_disputes.py).
+    "env_unsettled",
 ]
 
 

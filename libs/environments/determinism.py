@@ -11,7 +11,11 @@ turns honest multi-turn work into `context_mismatch`. Two uses:
   altered strings so that `reply` and `score` run over several turns, here and in a fresh
   interpreter at once, and every task, reply and score compared. The fresh interpreter has
   another hash seed and pid, and plays the tasks in the opposite order (state kept between
-  calls then shows). One line naming the first disagreement, or None.
+  calls then shows); it runs as on another host (`elsewhere`): another host name (a UTS
+  namespace of its own where the kernel allows), time zone, locale, home, working directory and
+  CPU affinity, so that a plugin whose replies depend on the machine disagrees here already,
+  not only between a worker's machine and a validator's. One line naming the first
+  disagreement, or None.
 - `second_look`, where a validator is about to blame a worker for its environment's tokens: the
   claimed turns replayed twice here and once in a fresh interpreter; how the environment
   disagreed with itself, or None when it did not (then the worker is to blame).
@@ -21,11 +25,14 @@ Torch-free, like every environment: the orchestrator runs it at start.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -155,13 +162,51 @@ def _sampled(env: Env, seed: int, split: str, out: Transcript) -> None:
 _MODULE = "prime_swarm.libs.environments.determinism"
 
 
+ELSEWHERE_HOST = "prime-swarm-elsewhere"
+"""The made-up host name the fresh process runs under (where it gets a UTS namespace)."""
+ELSEWHERE = {"TZ": "Pacific/Chatham", "LANG": "C", "LC_ALL": "C", "HOME": "/nonexistent"}
+"""What else differs there: a time zone 12:45 off UTC (and 13:45 in summer), another locale
+and home."""
+
+
+@functools.cache
+def own_uts_namespace() -> bool:
+    """Whether this machine lets a child take a host name of its own (a new UTS namespace: root,
+    or a user namespace; some container runtimes refuse both). Asked once per process."""
+    if shutil.which("unshare") is None:
+        return False
+    for flags in (["--uts"], ["--user", "--map-root-user", "--uts"]):
+        try:
+            ok = subprocess.run(
+                ["unshare", *flags, "--fork", "hostname", ELSEWHERE_HOST],
+                capture_output=True,
+                timeout=10,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return False
+        if ok.returncode == 0:
+            return True
+    return False
+
+
+def elsewhere(argv: list[str]) -> list[str]:
+    """`argv` as run on another host: its own host name where the kernel allows, one CPU."""
+    if shutil.which("taskset") is not None:
+        argv = ["taskset", "-c", str(min(os.sched_getaffinity(0))), *argv]
+    if not own_uts_namespace():
+        return argv
+    flags = ["--uts"] if os.geteuid() == 0 else ["--user", "--map-root-user", "--uts"]
+    script = 'hostname "$0" && exec "$@"'
+    return ["unshare", *flags, "--fork", "--kill-child", "sh", "-c", script, ELSEWHERE_HOST, *argv]
+
+
 class FreshProcess:
     """A fresh interpreter playing `jobs` backwards, started at once (`transcripts` waits for
     it): the same installation (this process's sys.path, so a plugin found here is found
-    there), another hash seed and another pid."""
+    there), another hash seed and another pid, on a made-up other host (`elsewhere`)."""
 
     def __init__(self, jobs: Sequence[Job], timeout_s: float = TIMEOUT_S) -> None:
-        env = dict(os.environ)
+        env = {**os.environ, **ELSEWHERE}
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         seed = env.get("PYTHONHASHSEED", "")
         if seed.isdigit():
@@ -169,12 +214,14 @@ class FreshProcess:
         else:  # unset or "random": a random seed there too, another than this one's
             env.pop("PYTHONHASHSEED", None)
         self.timeout_s = timeout_s
+        self._cwd = tempfile.TemporaryDirectory(prefix="prime-elsewhere-")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", _MODULE],
+            elsewhere([sys.executable, "-m", _MODULE]),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
+            cwd=self._cwd.name,
             text=True,
         )
         assert self.proc.stdin is not None
@@ -191,6 +238,8 @@ class FreshProcess:
         except subprocess.TimeoutExpired:
             self.stop()
             raise CheckFailed(f"it played for more than {self.timeout_s:.0f} s") from None
+        finally:
+            self._cwd.cleanup()
         if self.proc.returncode != 0 or _MARK not in stdout:
             lines = [line for line in stderr.strip().splitlines() if line.strip()]
             raise CheckFailed(lines[-1] if lines else f"exit status {self.proc.returncode}")
@@ -199,6 +248,7 @@ class FreshProcess:
     def stop(self) -> None:
         self.proc.kill()
         self.proc.communicate()
+        self._cwd.cleanup()
 
 
 def first_disagreement(here: Transcript, there: Transcript) -> tuple[str, str, str] | None:

@@ -685,6 +685,25 @@ def settle(judgement: Judgement, same_device_class: bool) -> Settled:
     return "held"
 
 
+def unexplained_environment_refusal(decision: Decision) -> bool:
+    """A rejection on what the environment said (its tokens, end or score) while it agreed with
+    itself here: this machine alone cannot tell a forger from an environment that answers
+    otherwise elsewhere, so it slashes only on evidence from beyond it (env_disputes.py)."""
+    why = decision.refusal
+    return (
+        decision.action == "reject"
+        and why is not None
+        and why.reason in ENVIRONMENT_REASONS
+        and decision.judgement.environment is None
+    )
+
+
+def held_unsettled(decision: Decision, evidence: str) -> Decision:
+    """`decision` held until other machines' evidence settles it (`env_unsettled`)."""
+    first = decision.refusal.detail if decision.refusal else ""
+    return Decision("held", Refusal("env_unsettled", f"{first}; {evidence}"), decision.judgement)
+
+
 def decide(judgement: Judgement, worker_class: str, validator_class: str | None) -> Decision:
     """The judgement settled, with the refusal the worker and the chain are told."""
     settled = settle(judgement, worker_class == validator_class)

@@ -94,6 +94,8 @@ class WorkerRoster:
 
     def __init__(self, redis: Redis, settings: OrchestratorSettings) -> None:
         self.redis, self.settings = redis, settings
+        self._mark_listening = redis.register_script(_MARK_LISTENING)
+        self._claim_silent = redis.register_script(_CLAIM_SILENT)
 
     async def register(
         self, worker: str, hardware: str = "", backend: str = "", device: str = ""
@@ -130,7 +132,7 @@ class WorkerRoster:
         """Record that this replica is listening now; returns since when the pool has listened
         without a gap longer than `gap_s` (all replicas down, or Redis out of their reach,
         starts the count again when one is back)."""
-        since = await self.redis.eval(_MARK_LISTENING, 1, LISTENING, repr(time.time()), gap_s)
+        since = await self._mark_listening(keys=[LISTENING], args=[repr(time.time()), gap_s])
         return float(since)
 
     async def silent(self, silent_for_s: float) -> tuple[list[str], int]:
@@ -147,7 +149,7 @@ class WorkerRoster:
         orchestrators never eject the same worker twice). A claimed worker must register
         again, after rejoining on chain, to get work."""
         cutoff = time.time() - silent_for_s
-        claimed = await self.redis.eval(_CLAIM_SILENT, 2, LIVE_WORKERS, WORKERS, worker, cutoff)
+        claimed = await self._claim_silent(keys=[LIVE_WORKERS, WORKERS], args=[worker, cutoff])
         return bool(claimed)
 
     async def record_ejection(self, worker: str, record: str) -> None:

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 
 import torch
 from eth_account.signers.local import LocalAccount
+from redis.client import Pipeline
 
 from prime_swarm.libs.chain.anchor import trusted_trainer
 from prime_swarm.libs.chain.client import LedgerClient
+from prime_swarm.libs.environments.registry import args_key
 from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.policy.store import PolicyError, PolicyStore
-from prime_swarm.libs.rollout import verify
+from prime_swarm.libs.rollout import env_disputes, verify
 from prime_swarm.libs.rollout.admission import Refusal, check_admission, check_answers_lease
 from prime_swarm.libs.rollout.selection import pass_rate
 from prime_swarm.libs.streams.announcements import latest_announcement
@@ -26,6 +28,7 @@ from prime_swarm.libs.streams.consumer import Entry, GroupReader
 from prime_swarm.libs.streams.replication import ReplicaWait, has_replicas
 from prime_swarm.libs.streams.retention import Retention
 from prime_swarm.protocol import streams
+from prime_swarm.protocol.env_records import ENV_GROUPS, ENV_MISMATCHES, env_key
 from prime_swarm.protocol.messages import (
     SubmittedRollout,
     Verdict,
@@ -47,8 +50,18 @@ log = logging.getLogger("validator")
 # where prompts recur (a finite train set, live selection) a confident policy's honest group can
 # equal another lease's token for token at the same version (seen in the e2e run at 8 threads),
 # and a copier earns nothing from the refusal either.
-NOT_SLASHED = {"stale_policy", "held_for_recheck", "env_nondeterministic", "duplicate"}
+NOT_SLASHED = {
+    "stale_policy",
+    "held_for_recheck",
+    "env_nondeterministic",
+    "env_unsettled",
+    "duplicate",
+}
 SEEN_TTL_S = 7 * 24 * 3600
+ENV_RECORD_TTL_S = 7 * 24 * 3600  # refreshed by every group judged: an environment in use
+# Verdicts that say the environment's tokens replayed (accepted) or did not (refused on them):
+# the record of each environment across workers (libs/rollout/env_disputes.py) counts these.
+ENVIRONMENT_VERDICTS = {*verify.ENVIRONMENT_REASONS, "env_unsettled"}
 # Which accepted cross-class groups are spot-checked: unpredictable to the worker.
 _audit_draw = random.SystemRandom()
 
@@ -207,6 +220,8 @@ class Validator:
             )
             metrics.PREFILL_SECONDS.observe(time.monotonic() - t0)
             for (entry_id, work), decision in zip(works, decisions, strict=True):
+                if verify.unexplained_environment_refusal(decision):
+                    decision = self._blame_environment(work.entry, decision)
                 decided = self._decide(entry_id, work.entry, decision)
                 if work.entry.audit and decided.verdict.accepted:
                     # Attested when first accepted: a passed spot check pays nothing twice.
@@ -222,6 +237,33 @@ class Validator:
         versions = [d.msg.submission.policy_version for d in verdicts]
         if versions and current >= 0:
             metrics.VERSION_LAG.set(current - sum(versions) / len(versions))
+
+    def _blame_environment(self, msg: SubmittedRollout, d: verify.Decision) -> verify.Decision:
+        """An environment refusal this machine cannot explain: slashed only if the pool's record
+        of the environment across workers says it is the worker's doing, else held."""
+        env, worker = msg.lease.env, msg.submission.worker
+        key = env_key(env, args_key(msg.lease.env_args))
+        groups, mismatches = (
+            {k.decode(): int(v) for k, v in self.r.hgetall(template.format(env=key)).items()}
+            for template in (ENV_GROUPS, ENV_MISMATCHES)
+        )
+        # This group counted, as the commit will count it.
+        groups[worker] = groups.get(worker, 0) + 1
+        mismatches[worker] = mismatches.get(worker, 0) + 1
+        found = env_disputes.blame(env_disputes.EnvRecord(groups, mismatches), worker, env)
+        fields = {"env": env, "worker": worker, "detail": found.detail}
+        if found.worker:
+            log.warning("environment tokens forged", extra={"fields": fields})
+            return d
+        if found.environment_disputed:
+            metrics.ENV_DISPUTED.labels(env).inc()
+            log.error(
+                f"environment {env!r} does not replay across machines: work held, not slashed",
+                extra={"fields": fields},
+            )
+        else:
+            metrics.ENV_UNSETTLED.labels(env).inc()
+        return verify.held_unsettled(d, found.detail)
 
     def _decide(self, entry_id: str, msg: SubmittedRollout, d: verify.Decision) -> Decided:
         """The settled decision encoded: a verdict, and the trainer's rollout when accepted."""
@@ -340,6 +382,8 @@ class Validator:
                     streams.ROLLOUTS_HELD, streams.encode(msg.model_copy(update={"audit": True}))
                 )
                 metrics.AUDITS.labels("queued").inc()
+            if verdict.accepted or verdict.reason in ENVIRONMENT_VERDICTS:
+                self._count_environment(pipe, msg, verdict)
             pipe.xack(stream, group, entry_id)
             stats.count_verdict(pipe, verdict, now)
             label = "accepted" if verdict.accepted else str(verdict.reason)
@@ -359,6 +403,16 @@ class Validator:
         for entry_id in no_verdict:
             pipe.xack(stream, group, entry_id)
         pipe.execute()
+
+    @staticmethod
+    def _count_environment(pipe: Pipeline, msg: SubmittedRollout, verdict: Verdict) -> None:
+        """The environment's record across workers: one more group, and one more mismatch."""
+        key = env_key(msg.lease.env, args_key(msg.lease.env_args))
+        keys = [ENV_GROUPS] + ([] if verdict.accepted else [ENV_MISMATCHES])
+        for template in keys:
+            name = template.format(env=key)
+            pipe.hincrby(name, verdict.worker, 1)
+            pipe.expire(name, ENV_RECORD_TTL_S)
 
     def run_once(self, block_ms: int = 1000, flush: bool = True) -> int:
         # The newest announced version downloads in the background while older work is

@@ -36,6 +36,18 @@ AUDITS = Counter(
     "passed or failed (slashed) when this validator is of it",
     ["outcome"],
 )
+ENV_DISPUTED = Counter(
+    "validator_env_disputed_total",
+    "Groups held, not slashed, because their environment failed to replay for other workers "
+    "too: it answers otherwise on other machines or runs (deploy/prometheus/alerts.yml)",
+    ["env"],
+)
+ENV_UNSETTLED = Counter(
+    "validator_env_unsettled_total",
+    "Groups held, not slashed, whose environment tokens did not replay while too few other "
+    "workers witness the environment replaying (libs/rollout/env_disputes.py)",
+    ["env"],
+)
 ENV_NONDETERMINISTIC = Counter(
     "validator_env_nondeterministic_total",
     "Groups held, not slashed, because their environment disagreed with itself when replayed "

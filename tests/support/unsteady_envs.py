@@ -6,7 +6,10 @@ pip-installed package's are."""
 
 from __future__ import annotations
 
+import random
+import socket
 import time
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,6 +24,8 @@ PLUGINS = {
     "clock-env": "unsteady_envs:ClockEnv",
     "hash-env": "unsteady_envs:HashEnv",
     "counting-env": "unsteady_envs:CountingEnv",
+    "host-env": "unsteady_envs:HostEnv",
+    "rare-env": "unsteady_envs:RareEnv",
 }
 
 
@@ -54,6 +59,31 @@ class CountingEnv(EchoCount):
     def reply(self, task: Task, turns: Sequence[str]) -> str | None:
         self.calls += 1
         return f"<{self.calls}>"
+
+
+class HostEnv(EchoCount):
+    """Its replies carry a digest of the host's name: the same in every process of one machine,
+    another on every other machine (what a plugin that logs where it runs gets wrong)."""
+
+    name = "host-env"
+
+    def reply(self, task: Task, turns: Sequence[str]) -> str | None:
+        return f"<{zlib.crc32(socket.gethostname().encode()) % 1000}>"
+
+
+RARE_RATE = 0.02
+_chance = random.SystemRandom()
+
+
+class RareEnv(EchoCount):
+    """Deterministic but for one call in fifty, which answers otherwise (an unseeded branch
+    taken rarely): it agrees with itself on most replays, so a validator's few replays rarely
+    catch it."""
+
+    name = "rare-env"
+
+    def reply(self, task: Task, turns: Sequence[str]) -> str | None:
+        return "<9>" if _chance.random() < RARE_RATE else super().reply(task, turns)
 
 
 def install(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
