@@ -196,7 +196,15 @@ VALIDATOR = Role(
         Grant(
             keys=("validator:*",),
             commands=(
-                "set", "get", "rpush", "llen", "lrange", "ltrim", "hincrby", "hgetall", "expire",
+                "set",
+                "get",
+                "rpush",
+                "llen",
+                "lrange",
+                "ltrim",
+                "hincrby",
+                "hgetall",
+                "expire",
             ),  # fmt: skip
         ),
         Grant(keys=(streams.ROLLOUTS_SUBMITTED,), commands=(*GROUP_READER, *TRIMMER)),
