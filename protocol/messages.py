@@ -431,8 +431,8 @@ class RolloutSubmission(Versioned):
         default="cpu",
         max_length=64,
         pattern=r"^[a-z0-9][a-z0-9._-]*$",
-        description="The kind of device it was computed on (`cpu-x86_64`, `cuda-sm90`): a suspect "
-        "is settled by a second opinion recomputed on this class.",
+        description="The kind of device it was computed on (`cpu-x86_64-avx2`, `cuda-sm90`): a "
+        "suspect is settled by a second opinion recomputed on this class.",
     )
     prompt_token_ids: list[int] = Field(max_length=4096)
     completions: list[CompletionSample] = Field(min_length=1, max_length=64)

@@ -95,8 +95,11 @@ def detect(device: str) -> Hardware:
 
 
 def device_class(device: str) -> str:
-    """The class of device whose arithmetic `device` shares: `cuda-sm90` for an H100 or H200,
-    `cpu-x86_64` for any x86 CPU. A worker declares it with every submission; a suspect is
+    """The class of device whose arithmetic `device` shares: `cuda-sm90` for an H100 or H200;
+    for a CPU its architecture and the kernels torch and oneDNN dispatch to on it
+    (`cpu-x86_64-avx2`, `cpu-x86_64-avx512-avx512bf16`), since those change the numbers: honest
+    bf16 proofs from torch's default kernels were 1.2-1.4 ulp from an AVX2 validator's, four
+    times the same-class limit. A worker declares it with every submission; a suspect is
     settled by a second opinion recomputed on the same class (libs/rollout/verify.settle)."""
     if device.startswith("cuda"):
         import torch
@@ -104,4 +107,31 @@ def device_class(device: str) -> str:
         index = int(device.split(":", 1)[1]) if ":" in device else 0
         major, minor = torch.cuda.get_device_capability(index)
         return f"cuda-sm{major}{minor}"
-    return f"cpu-{platform.machine().lower() or 'unknown'}"
+    return "-".join(["cpu", platform.machine().lower() or "unknown", *cpu_kernels()])
+
+
+def cpu_kernels() -> list[str]:
+    """torch's CPU capability (ATEN_CPU_CAPABILITY caps it) and, where the CPU has bf16 matrix
+    instructions, oneDNN's (ONEDNN_MAX_CPU_ISA caps it): the kernels a bf16 forward runs."""
+    import torch
+
+    kernels = [torch.backends.cpu.get_cpu_capability().lower()]
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().lower()
+    flags = _cpu_flags()
+    matrix = "amx" if "amx_bf16" in flags else "avx512bf16" if "avx512_bf16" in flags else ""
+    if cap and cap != "all":
+        kernels.append(f"onednn_{cap}")
+    elif matrix:
+        kernels.append(matrix)
+    return kernels
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()

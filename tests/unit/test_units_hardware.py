@@ -61,3 +61,31 @@ def test_auto_precision_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None
     assert hardware.native_precision("cpu") == "bf16"
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: False)
     assert hardware.native_precision("cpu") == "fp32"
+
+
+def test_cpus_that_dispatch_other_kernels_are_other_device_classes() -> None:
+    """The same machine with torch's kernels capped at another level computes other bf16
+    numbers (1.2-1.4 ulp of proof error against AVX2): it must not share the class whose
+    validators judge it with the tight same-class limits."""
+    import subprocess
+    import sys
+
+    probe = "from prime_swarm.libs.model.hardware import device_class; print(device_class('cpu'))"
+
+    def declared(**env: str) -> str:
+        import os
+
+        run = subprocess.run(
+            [sys.executable, "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **env},
+            check=True,
+        )
+        return run.stdout.strip()
+
+    native = declared()
+    assert native.startswith("cpu-")
+    assert declared(ATEN_CPU_CAPABILITY="default") != native or native.split("-")[2] == "default"
+    assert declared(ONEDNN_MAX_CPU_ISA="AVX2").endswith("-onednn_avx2")
