@@ -198,6 +198,63 @@ class WorkerClaim(BaseModel):
     pool_id: int = Field(ge=1)
 
 
+VersionText = Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9.+!_-]*$")]
+
+
+class EnvRelease(Message):
+    """One environment as a machine has it installed: another release answers otherwise."""
+
+    env: str = Field(max_length=64, pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    version: VersionText = Field(description="Its distribution's version.")
+    content_hash: str = Field(
+        max_length=64,
+        pattern=r"^[0-9a-f]*$",
+        description="sha256 of the source of the module that defines it (first 16 hex digits).",
+    )
+
+
+class WorkerStack(Message):
+    """What a worker's numbers and environment tokens depend on, declared at registration: the
+    pool accepts the stacks its recipe names (`Recipe.stacks`), and validators key their limits
+    on the device class. Self-reported; what it claims is checked where it can be (the device
+    class's numbers by the proofs, the environments' by the replays)."""
+
+    python: VersionText
+    torch: VersionText
+    transformers: VersionText
+    vllm: VersionText = ""
+    backend: BackendName
+    precision: Precision
+    device_class: str = Field(max_length=64, pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    environments: list[EnvRelease] = Field(default_factory=list, max_length=32)
+
+
+class AcceptedStacks(Message):
+    """The stacks a pool accepts: version specifiers (PEP 440), empty for any. Pinned here, in
+    the recipe, once: what verification was calibrated on (docs/contributing-compute.md)."""
+
+    python: str = Field(">=3.11,<3.14", max_length=128)
+    torch: str = Field("==2.13.*", max_length=128)
+    transformers: str = Field(">=5.0,<6", max_length=128)
+    vllm: str = Field("==0.32.*", max_length=128)
+    env_releases: dict[str, VersionText] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Environment -> the one version of its distribution the pool accepts; an "
+        "environment not named here must match the orchestrator's own release.",
+    )
+
+
+class PoolRequirements(Versioned):
+    """`GET /v1/requirements`: what a machine must run to work for this pool, read before
+    anything is staked."""
+
+    pool_id: int
+    stacks: AcceptedStacks
+    environments: list[EnvRelease] = Field(default_factory=list, max_length=32)
+    tool_python: str | None = Field(default=None, pattern=r"^3\.\d{1,2}$")
+
+
 class RegisterRequest(Versioned):
     worker: Address
     pool_id: int = Field(ge=1)
@@ -207,6 +264,11 @@ class RegisterRequest(Versioned):
         default="",
         description="What the worker runs on, as it describes itself (e.g. 'NVIDIA H100 80GB, "
         "CUDA 12.8'); shown on the pool's status page. Self-reported, never trusted.",
+    )
+    stack: WorkerStack | None = Field(
+        default=None,
+        description="What its work depends on; a pool refuses a stack its recipe does not accept "
+        "(None: a worker from before stacks were declared, accepted as before).",
     )
 
 

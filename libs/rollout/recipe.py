@@ -16,7 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from prime_swarm.libs.environments import Env, env_factory, load_env
 from prime_swarm.libs.environments.reward import LengthReward
 from prime_swarm.libs.rollout.selection import PromptSelection
-from prime_swarm.protocol.messages import EnvArgs
+from prime_swarm.protocol.messages import AcceptedStacks, EnvArgs
 
 
 def _env_installed(name: str) -> str:
@@ -95,6 +95,12 @@ class Recipe(BaseSettings):
         "under in every worker's and validator's sandbox: a cell's output depends on it (3.12 "
         "has functions 3.11 lacks), everything below it is masked. A machine whose sandbox "
         "interpreter is another one is refused at join (PRIME_SANDBOX_PYTHON points at one).",
+    )
+    stacks: AcceptedStacks = Field(
+        default_factory=AcceptedStacks,
+        description="The worker stacks the pool verifies (JSON of version specifiers: python, "
+        'torch, transformers, vllm, env_releases), e.g. {"torch": ">=2.13,<2.15"}; a worker '
+        "on another is refused at join, before it stakes.",
     )
     selection: PromptSelection = Field(
         default_factory=PromptSelection,

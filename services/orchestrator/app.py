@@ -14,9 +14,11 @@ from prime_swarm.libs.guard.asgi import BodyGuard
 from prime_swarm.libs.guard.errors import install_validation_handler
 from prime_swarm.libs.guard.ratelimit import RateLimiter
 from prime_swarm.libs.observability.http import add_observability_routes
+from prime_swarm.libs.rollout.stacks import pool_releases
 from prime_swarm.libs.streams.connection import connect_async
 from prime_swarm.libs.streams.replication import ReplicaWait, has_replicas
 from prime_swarm.protocol.auth import SignedRequest, redis_nonce_burner
+from prime_swarm.protocol.messages import PoolRequirements
 
 from .board import RelayWatch, StatusBoard
 from .deps import Pool
@@ -47,7 +49,15 @@ def create_app(settings: OrchestratorSettings) -> FastAPI:
         relays = RelayWatch(
             settings.relays, settings.relay_check_interval_s, settings.relay_check_timeout_s
         )
+        recipe = settings.recipe
+        requirements = PoolRequirements(
+            pool_id=settings.pool_id,
+            stacks=recipe.stacks,
+            environments=pool_releases([x.env for x in recipe.shares()]),
+            tool_python=recipe.pinned_tool_python(),
+        )
         app.state.pool = Pool(
+            requirements=requirements,
             settings=settings,
             redis=redis,
             policy=policy,

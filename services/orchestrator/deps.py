@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 from prime_swarm.libs.chain.errors import ChainError
 from prime_swarm.libs.guard.ratelimit import Limited, RateLimiter
-from prime_swarm.protocol.messages import WorkerClaim, normal_address
+from prime_swarm.protocol.messages import PoolRequirements, WorkerClaim, normal_address
 from prime_swarm.protocol.signing import AuthError, require_signer_is
 
 from . import metrics
@@ -40,6 +40,8 @@ class Pool:
     standing: StandingBook
     limiter: RateLimiter
     board: StatusBoard
+    requirements: PoolRequirements
+    """What a machine must run to work for the pool, worked out once at start."""
 
 
 async def get_pool(request: Request) -> Pool:

@@ -15,6 +15,7 @@ from prime_swarm.libs.rollout.admission import (
     fair_share,
 )
 from prime_swarm.libs.rollout.calibration import acceptance_for
+from prime_swarm.libs.rollout.stacks import stack_refusal
 from prime_swarm.protocol.messages import (
     Heartbeat,
     HeartbeatReply,
@@ -63,6 +64,8 @@ async def register(
             f"this pool has no calibrated proof limits for backend {body.backend!r}",
             "unsupported_backend",
         )
+    if body.stack is not None and (why := stack_refusal(body.stack, pool.requirements)):
+        raise refuse(route, 422, why, "unsupported_stack")
     pool.standing.forget(worker)  # a worker registering has often just staked
     await require_standing(route, pool, worker)
     metrics.WORKERS_SEEN.set(
@@ -78,7 +81,7 @@ async def register(
             PoolEnvironment(env=x.env, env_args=x.args, weight=x.weight)
             for x in pool.settings.recipe.shares()
         ],
-        tool_python=pool.settings.recipe.pinned_tool_python(),
+        tool_python=pool.requirements.tool_python,
     )
 
 

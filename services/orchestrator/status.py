@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import HTMLResponse
 
 from prime_swarm.libs.guard.ratelimit import Limited
-from prime_swarm.protocol.messages import PoolStatus, WorkerStatusReply
+from prime_swarm.protocol.messages import PoolRequirements, PoolStatus, WorkerStatusReply
 
 from .deps import PoolDep, rate_limited, refuse
 
@@ -40,6 +40,13 @@ StatusClient = Annotated[None, Depends(count_client)]
 AddressPath = Annotated[
     str, Path(pattern=r"^0x[0-9a-fA-F]{40}$", description="The worker's address.")
 ]
+
+
+@router.get("/v1/requirements", response_model=PoolRequirements, name="requirements")
+async def requirements(pool: PoolDep, _: StatusClient) -> PoolRequirements:
+    """What a machine must run to work for this pool: `prime-worker join` reads it before it
+    stakes anything."""
+    return pool.requirements
 
 
 @router.get("/v1/status", response_model=PoolStatus, name="status")

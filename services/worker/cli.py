@@ -164,16 +164,22 @@ def _cuda_visible() -> bool:
 def join(settings: WorkerSettings, account: LocalAccount, ledger: LedgerClient) -> None:
     from prime_swarm.libs.model.hardware import detect, native_precision
 
-    from .onboarding import check_orchestrator, check_trainer, rejoin, stake_if_needed
+    from .onboarding import (
+        check_orchestrator,
+        check_stack,
+        check_trainer,
+        rejoin,
+        stake_if_needed,
+    )
 
     say = print if sys.stderr.isatty() else (lambda *_a: None)
     try:
         hardware = detect(settings.device)
     except ValueError as exc:
         raise JoinError(f"--device {settings.device}: {exc}") from None
+    # vLLM takes the GPU whenever one is visible, whatever --device says (it is hf's).
+    where = "cuda" if settings.backend == "vllm" and _cuda_visible() else settings.device
     if settings.precision == "auto":
-        # vLLM takes the GPU whenever one is visible, whatever --device says (it is hf's).
-        where = "cuda" if settings.backend == "vllm" and _cuda_visible() else settings.device
         settings = settings.model_copy(update={"precision": native_precision(where)})
     standing = read_standing(ledger, settings, account.address)
     say(f"worker {account.address}: balance {eth(standing.balance)}")
@@ -181,6 +187,7 @@ def join(settings: WorkerSettings, account: LocalAccount, ledger: LedgerClient) 
     trainer = check_trainer(standing.pool, settings)
     check_orchestrator(standing.pool, settings.http_timeout_s)
     say(f"pool {settings.pool_id}: orchestrator {standing.pool.orchestrator_url} answers")
+    stack = check_stack(standing.pool, settings, where)
     stake_if_needed(ledger, standing, confirm=(lambda q: True) if settings.yes else ask)
 
     import torch
@@ -207,6 +214,7 @@ def join(settings: WorkerSettings, account: LocalAccount, ledger: LedgerClient) 
         hardware.describe(),
         snapshot,
         rejoin=lambda: rejoin(ledger, settings, account.address),
+        stack=stack,
     )
     install_stop(worker.stop)
     if settings.metrics_port:

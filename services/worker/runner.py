@@ -26,6 +26,7 @@ from prime_swarm.protocol.messages import (
     RegisterRequest,
     SubmissionBatch,
     SubmitBatchReply,
+    WorkerStack,
     normal_address,
 )
 
@@ -80,6 +81,7 @@ class Worker:
         hardware: str = "",
         snapshot: Snapshot | None = None,
         rejoin: Callable[[], str] | None = None,
+        stack: WorkerStack | None = None,
     ) -> None:
         """`rejoin`: stakes this key back into the pool on chain when it is no longer a member
         (ejected for a silence that was its own); returns a line saying what it did, raises
@@ -93,7 +95,7 @@ class Worker:
         self.store: PolicyStore | None = None
         self.submitted = 0
         self.refused = 0
-        self.rejoin = rejoin
+        self.rejoin, self.stack = rejoin, stack
         self._registrations: list[float] = []
         self.heartbeat_interval_s = 2.0
 
@@ -213,6 +215,7 @@ class Worker:
             backend=self.settings.backend,
             device=self.settings.device,
             hardware=self.hardware[:128],
+            stack=self.stack,
         )
         rejoined = False
         while not self.stop.is_set():
