@@ -196,16 +196,9 @@ VALIDATOR = Role(
         Grant(
             keys=("validator:*",),
             commands=(
-                "set",
-                "get",
-                "rpush",
-                "llen",
-                "lrange",
-                "ltrim",
-                "hincrby",
-                "hgetall",
-                "expire",
-            ),  # fmt: skip
+                *("set", "get", "rpush", "llen", "lrange", "ltrim"),
+                *("hset", "hincrby", "hgetall", "expire"),
+            ),
         ),
         Grant(keys=(streams.ROLLOUTS_SUBMITTED,), commands=(*GROUP_READER, *TRIMMER)),
         Grant(keys=(streams.ROLLOUTS_VERIFIED,), commands=("xadd",)),

@@ -718,6 +718,12 @@ class WorkerStatus(Message):
     rejected: dict[str, int] = Field(
         default_factory=dict, description="Submissions validators rejected, by reason."
     )
+    why: dict[str, str] = Field(
+        default_factory=dict,
+        description="Each reason it was refused or held for, with the last such verdict's "
+        "detail: the statistic that decided and its limit.",
+    )
+    ejection: str = Field(default="", description="Why it was ejected on chain, if it was.")
     units: int = Field(default=0, ge=0, description="Work units credited for attestation.")
     submitted_per_min: float = Field(
         default=0.0, ge=0, description="Submissions per minute over the throughput window."

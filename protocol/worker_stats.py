@@ -18,6 +18,9 @@ from collections.abc import Iterable
 VALIDATOR_WORKER = "validator:worker:{worker}"  # hash: accepted, units, rejected:<reason>
 VALIDATOR_ACCEPTED_PER_MINUTE = "validator:accepted:{minute}"  # hash: worker -> accepted
 ACCEPTED, UNITS, REJECTED_PREFIX = "accepted", "units", "rejected:"
+# "why:<reason>" -> the last such verdict's detail: the statistic that decided and its limit,
+# so a contributor can tell an honest-stack problem from a cheat (at most WHY_CHARS of it).
+WHY_PREFIX, WHY_CHARS = "why:", 400
 
 BUCKET_S = 60
 WINDOW_MINUTES = 5

@@ -64,6 +64,7 @@ def worker_row(
     registered: bool,
     ejected: bool,
     info: dict,
+    ejection: str = "",
     verdicts: dict,
     submits: Sequence[bytes | str | None],
     accepts: Sequence[bytes | str | None],
@@ -88,6 +89,12 @@ def worker_row(
             for k, v in sorted(theirs.items())
             if k.startswith(ws.REJECTED_PREFIX)
         },
+        why={
+            k.removeprefix(ws.WHY_PREFIX): v
+            for k, v in sorted(theirs.items())
+            if k.startswith(ws.WHY_PREFIX)
+        },
+        ejection=ejection if ejected and not registered else "",
         units=_int(theirs.get(ws.UNITS)),
         submitted_per_min=round(ws.per_minute(map(_int, submits), now), 3),
         accepted_per_min=round(ws.per_minute(map(_int, accepts), now), 3),
@@ -288,6 +295,7 @@ class StatusBoard:
                 last_seen=last_seen,
                 registered=registered[i] is not None,
                 ejected=ejected[i] is not None,
+                ejection=_ejection_reason(ejected[i]),
                 info=hashes[2 * i],
                 verdicts=hashes[2 * i + 1],
                 submits=[bucket[i] for bucket in submits],
@@ -295,6 +303,17 @@ class StatusBoard:
             )
             for i, (w, last_seen) in enumerate(entries)
         ]
+
+
+def _ejection_reason(record: bytes | str | None) -> str:
+    """The reason in an ejection's record ("no heartbeat for 600 s"), or "" when unreadable."""
+    if record is None:
+        return ""
+    try:
+        reason = json.loads(record).get("reason", "")
+    except (ValueError, AttributeError):
+        return ""
+    return reason[:128] if isinstance(reason, str) else ""
 
 
 def _ejected_at(record: bytes | str) -> float:

@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+import httpx
 from eth_account.signers.local import LocalAccount
 
 from prime_swarm.libs.chain.client import LedgerClient
@@ -83,13 +84,34 @@ def still_staked(s: Standing, block: int) -> str:
     )
 
 
+def verdict_lines(s: Standing, ledger: LedgerClient) -> list[str]:
+    """What the pool's validators decided about this worker and why, from the orchestrator's
+    status API: each verdict that cost it (held, refused, slashed, ejected) with the statistic
+    that decided and its limit, so an honest-stack problem reads apart from a cheat."""
+    assert ledger.account is not None
+    client = OrchestratorClient(s.pool.orchestrator_url, ledger.account, 10.0, 0)
+    try:
+        mine = client.worker_status(s.address).worker
+    except (OrchestratorError, httpx.HTTPError):
+        return ["  (the pool's orchestrator has no verdicts to show for this worker)"]
+    finally:
+        client.close()
+    lines = [f"  {mine.accepted:,} accepted by the pool's validators"]
+    for reason, count in sorted(mine.rejected.items()):
+        why = mine.why.get(reason, "")
+        lines.append(f"  {count:,} {reason}" + (f": {why}" if why else ""))
+    if mine.ejected:
+        lines.append(f"  ejected: {mine.ejection or 'no reason recorded'}")
+    return lines
+
+
 def chain_command(command: str, ledger: LedgerClient, settings: WorkerChainSettings) -> str:
     address = ledger.account.address if ledger.account else ""
     pool_id = settings.pool_id
     standing = read_standing(ledger, settings, address)
     block = ledger.block_number()
     if command == "status":
-        return describe(standing, block)
+        return "\n".join([describe(standing, block), *verdict_lines(standing, ledger)])
     if command == "leave":
         if not standing.member:
             raise JoinError(stake_line(standing, block))

@@ -50,6 +50,9 @@ HOSTILE = '<img src=x onerror="alert(1)"><script>alert(2)</script> & "H100"'
 VALIDATOR = "0x" + "22" * 20
 
 
+PROOF_DETAIL = "proof error 1.31 ulp against this validator's bf16 recomputation > 0.3"
+
+
 @dataclass
 class Fed:
     live: Any
@@ -126,6 +129,7 @@ def feed(live: Any) -> str:
             pool_id=live.pool_id,
             accepted=accepted,
             reason=None if accepted else "bad_proof",
+            detail="" if accepted else PROOF_DETAIL,
             units=units,
             validator=VALIDATOR,
         )
@@ -181,6 +185,8 @@ def test_status_reports_the_pool_workers_relays_and_rewards(fed: Fed) -> None:
     assert busy["live"] and busy["registered"] and not busy["ejected"]
     assert (busy["leases"], busy["submitted"], busy["accepted"], busy["units"]) == (3, 2, 1, 4)
     assert busy["rejected"] == {"bad_proof": 1}
+    # The statistic that decided, and its limit: an honest-stack problem reads apart from a cheat.
+    assert busy["why"] == {"bad_proof": PROOF_DETAIL}
     # Two submissions and one acceptance in the last few seconds of a window of 5-6 minutes.
     assert 2 * 60 / 360 <= busy["submitted_per_min"] <= 2 * 60 / 300
     assert 60 / 360 <= busy["accepted_per_min"] <= 60 / 300
@@ -190,6 +196,7 @@ def test_status_reports_the_pool_workers_relays_and_rewards(fed: Fed) -> None:
     gone = rows[fed.ejected]
     assert gone["ejected"] and not gone["registered"] and not gone["live"]
     assert gone["last_seen"] is None
+    assert gone["ejection"] == "no heartbeat for 600 s"
 
     relays = {r["url"]: r for r in s["relays"]}
     assert relays[fed.relay.url]["healthy"] and relays[fed.relay.url]["status_code"] == 200
