@@ -124,14 +124,3 @@ def cpu_kernels() -> list[str]:
     elif matrix:
         kernels.append(matrix)
     return kernels
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith(("flags", "Features")):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()

@@ -686,14 +686,15 @@ def settle(judgement: Judgement, same_device_class: bool) -> Settled:
 
 
 def unexplained_environment_refusal(decision: Decision) -> bool:
-    """A rejection on what the environment said (its tokens, end or score) while it agreed with
-    itself here: this machine alone cannot tell a forger from an environment that answers
-    otherwise elsewhere, so it slashes only on evidence from beyond it (env_disputes.py)."""
+    """A rejection on the environment's tokens in the context (`context_mismatch`) while the
+    environment agreed with itself here: this machine alone cannot tell a forger from an
+    environment that answers otherwise elsewhere, so it slashes only on evidence from beyond it
+    (env_disputes.py). A claimed reward or end is the worker's own claim, checked as before."""
     why = decision.refusal
     return (
         decision.action == "reject"
         and why is not None
-        and why.reason in ENVIRONMENT_REASONS
+        and why.reason == "context_mismatch"
         and decision.judgement.environment is None
     )
 

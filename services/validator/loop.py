@@ -61,7 +61,7 @@ SEEN_TTL_S = 7 * 24 * 3600
 ENV_RECORD_TTL_S = 7 * 24 * 3600  # refreshed by every group judged: an environment in use
 # Verdicts that say the environment's tokens replayed (accepted) or did not (refused on them):
 # the record of each environment across workers (libs/rollout/env_disputes.py) counts these.
-ENVIRONMENT_VERDICTS = {*verify.ENVIRONMENT_REASONS, "env_unsettled"}
+ENVIRONMENT_VERDICTS = {"context_mismatch", "env_unsettled"}
 # Which accepted cross-class groups are spot-checked: unpredictable to the worker.
 _audit_draw = random.SystemRandom()
 

@@ -142,6 +142,16 @@ def test_orchestrators_down_past_eject_after_eject_nobody_who_comes_back(
         assert members(live, accounts) == [True, True, False]
 
 
+def ejected_member(live: Any) -> LocalAccount:  # noqa: ANN401
+    """The pool's member, registered, then silent while another member beats: ejected."""
+    gone, other = live.member, live.new_member()
+    Contributor(live, gone).register()
+    with Beating(Contributor(live, other)):
+        Contributor(live, other).register()
+        wait_ejected(live, gone)
+    return gone
+
+
 def worker_of(live: Any, account: LocalAccount, tmp_path: Path, **settings: Any) -> Worker:  # noqa: ANN401
     s = WorkerSettings(
         pool_id=live.pool_id,
@@ -167,11 +177,7 @@ def test_an_ejected_worker_rejoins_on_its_unbonding_stake_and_registers_by_itsel
     anvil: Anvil, redis_server: RedisServer, tmp_path: Path, start_live_pool: StartPool
 ) -> None:
     with ejecting_pool(anvil, redis_server, tmp_path, start_live_pool) as live:
-        gone, other = live.member, live.new_member()
-        Contributor(live, gone).register()
-        with Beating(Contributor(live, other)):
-            Contributor(live, other).register()
-            wait_ejected(live, gone)
+        gone = ejected_member(live)
         assert not live.redis.hexists(WORKERS, gone.address.lower())
         worker = worker_of(live, gone, tmp_path)
         client = OrchestratorClient(live.url, gone, timeout_s=10, retry_budget=0)
@@ -187,11 +193,7 @@ def test_an_ejected_worker_that_cannot_rejoin_for_free_stops_with_one_line(
     anvil: Anvil, redis_server: RedisServer, tmp_path: Path, start_live_pool: StartPool
 ) -> None:
     with ejecting_pool(anvil, redis_server, tmp_path, start_live_pool) as live:
-        gone, other = live.member, live.new_member()
-        Contributor(live, gone).register()
-        with Beating(Contributor(live, other)):
-            Contributor(live, other).register()
-            wait_ejected(live, gone)
+        gone = ejected_member(live)
         ledger = live.ledger_as(gone)
         ledger.w3.provider.make_request("anvil_mine", [hex(25)])  # past the unbonding period
         ledger.withdraw(live.pool_id)  # the stake paid out: rejoining needs a new one
