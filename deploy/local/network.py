@@ -148,9 +148,9 @@ class LocalNetwork:
             replicas=self.settings.orchestrators,
             env={
                 **self.env,
-                # The local pool ejects workers that vanish (killed, crashed) after two minutes.
+                # The local pool ejects workers that vanish (killed, crashed).
                 "PRIME_ORCH_OWNER_KEY_FILE": str(self.keys / "owner.json"),
-                "PRIME_ORCH_EJECT_AFTER_S": "120",
+                "PRIME_ORCH_EJECT_AFTER_S": str(self.settings.eject_after_s),
                 "PRIME_ORCH_LEASE_TTL_S": str(self.settings.lease_ttl_s),
                 "PRIME_ORCH_TASK_SEED": str(self.settings.task_seed),
                 **(

@@ -165,6 +165,13 @@ class LocalNetworkSettings(BaseSettings):
         description="Orchestrator replicas; more than one run behind HAProxy, whose address "
         "is the pool's on chain.",
     )
+    eject_after_s: float = Field(
+        120.0,
+        gt=0,
+        description="Silence after which the local pool ejects a worker (one that was killed "
+        "or crashed); silence that is the pool's own (correlated, or while no replica listened) "
+        "ejects nobody.",
+    )
     lease_ttl_s: float = Field(
         15.0,
         gt=0,

@@ -26,5 +26,6 @@ def count_verdict(pipe: redis.client.Pipeline, verdict: Verdict, now: float | No
         pipe.expire(bucket, ws.BUCKET_TTL_S)
     else:
         pipe.hincrby(totals, ws.REJECTED_PREFIX + str(verdict.reason), 1)
-        pipe.hset(totals, ws.WHY_PREFIX + str(verdict.reason), verdict.detail[: ws.WHY_CHARS])
+        if verdict.detail:
+            pipe.hset(totals, ws.WHY_PREFIX + str(verdict.reason), verdict.detail[: ws.WHY_CHARS])
     pipe.expire(totals, ws.TOTALS_TTL_S)

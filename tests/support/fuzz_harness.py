@@ -430,8 +430,9 @@ class OrchestratorPlanner(Planner):
     wrong_modes = frozenset({"unsigned", "foreign_key", "tampered", "bad_timestamp", "garbage"})
 
     def requires_signature(self, path: str) -> bool:
-        # /healthz, /metrics and the read-only status API (/v1/status...) are open by design.
-        return path.startswith("/v1/") and not path.startswith("/v1/status")
+        # /healthz, /metrics, the read-only status API (/v1/status...) and the pool's
+        # requirements (read before a worker has staked or registered) are open by design.
+        return path.startswith("/v1/") and not path.startswith(("/v1/status", "/v1/requirements"))
 
     def label(self, case: schemathesis.Case, plan: Plan) -> str:
         if plan.mode == "hostile":
