@@ -1,0 +1,169 @@
+"""What runs inside one stack's process: a worker generating honest SmolLM2 groups and every
+cheat the project catches, or a validator judging every worker's files.
+
+    python -m bench.stacks.side worker CONFIG_JSON   (writes <out>/<stack>.jsonl)
+    python -m bench.stacks.side judge CONFIG_JSON    (writes <out>/<stack>.verdicts.json)
+
+The stack itself (interpreter, packages, kernel caps, threads) is the process it runs in;
+CONFIG_JSON says only what the process cannot see of itself (engine, precision, attention).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import platform
+import random
+import sys
+import time
+from dataclasses import replace
+from importlib.metadata import version
+from pathlib import Path
+
+import torch
+
+from bench.toploc.models import (
+    MEASURED_WEIGHTS,
+    WEIGHT_ATTACKS,
+    Validator,
+    _q,
+    attack_entries,
+    generate,
+    new_lease,
+    on_disk,
+    specs,
+    submission,
+)
+from prime_swarm.libs.model.causal_lm import CausalLM
+from prime_swarm.libs.model.hardware import device_class
+from prime_swarm.libs.policy.store import LoadedPolicy
+from prime_swarm.protocol.messages import SubmittedRollout
+
+MAX_NEW_TOKENS = 48
+ATTACKS = [*WEIGHT_ATTACKS, "older_policy_version", "sampling_ignores_seed", "wrong_temperature"]
+
+
+def describe(cfg: dict) -> dict:
+    """The stack as its process sees itself."""
+    return {
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "transformers": version("transformers"),
+        "kernel": torch.backends.cpu.get_cpu_capability().lower(),
+        "device_class": device_class("cpu") + ("-eager" if cfg.get("attention") == "eager" else ""),
+        "threads": torch.get_num_threads(),
+        **{k: cfg[k] for k in ("engine", "precision") if k in cfg},
+    }
+
+
+def spec():
+    (s,) = specs(["smollm2"], None)
+    return replace(s, max_new_tokens=MAX_NEW_TOKENS)
+
+
+def policy_of(lm: CausalLM) -> LoadedPolicy:
+    return LoadedPolicy(10, "0a" * 32, lm)
+
+
+def worker(cfg: dict) -> None:
+    s, rng = spec(), random.Random(cfg["seed"])
+    engine, precision = cfg["engine"], cfg["precision"]
+    policy, declared = policy_of(s.lm), device_class("cpu")
+    out = Path(cfg["out"]) / f"{cfg['stack']}.jsonl"
+    started = time.monotonic()
+    with out.open("w") as f:
+
+        def put(kind: str, entry: SubmittedRollout) -> None:
+            f.write(json.dumps({"kind": kind, "entry": entry.model_dump(mode="json")}) + "\n")
+
+        made = 0
+        while made < cfg["honest"]:
+            batch = [new_lease(s, rng) for _ in range(min(4, cfg["honest"] - made))]
+            for (lease, prompt), g in zip(
+                batch, generate(s.lm, precision, batch, None, engine), strict=True
+            ):
+                put(
+                    "honest",
+                    submission(policy, lease, prompt, g, precision, declared, engine=engine),
+                )
+            made += len(batch)
+        for name in ATTACKS:
+            if name == "wrong_temperature":
+                for _ in range(cfg["trials"]):
+                    lease, prompt = new_lease(s, rng)
+                    cold = lease.model_copy(
+                        update={"sampling": lease.sampling.model_copy(update={"temperature": 0.6})}
+                    )
+                    (g,) = generate(s.lm, "bf16", [(cold, prompt)], None, engine)
+                    put(name, submission(policy, lease, prompt, g, "bf16", declared, engine=engine))
+                continue
+            make = WEIGHT_ATTACKS.get(name) or MEASURED_WEIGHTS.get(name)
+            cheat = make(s.lm) if make else None
+            if cheat is not None and engine == "vllm":  # vLLM loads weights from a directory
+                cheat = on_disk(cheat, f"stacks-{name}")
+            for item in attack_entries(
+                s, name, cheat, policy, rng, cfg["trials"], engine, declared
+            ):
+                assert not isinstance(item, tuple)
+                put(name, item)
+    print(json.dumps({"stack": describe(cfg), "seconds": round(time.monotonic() - started, 1)}))
+
+
+def judge(cfg: dict) -> None:
+    s = spec()
+    lm = s.lm
+    if cfg.get("attention") == "eager":
+        module = copy.deepcopy(lm.module)
+        module.set_attn_implementation("eager")
+        lm = CausalLM(module, lm.tokenizer)
+    me = describe(cfg)
+    v = Validator(cfg["stack"], policy_of(lm), torch.get_num_threads(), me["device_class"])
+    result: dict = {"stack": me, "workers": {}}
+    for path in sorted(Path(cfg["entries"]).glob("*.jsonl")):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        honest = [
+            SubmittedRollout.model_validate(r["entry"]) for r in rows if r["kind"] == "honest"
+        ]
+        outcomes: dict[str, int] = {}
+        ratios, gaps, zs, same, why = [], [], [], [], []
+        for at in range(0, len(honest), 4):
+            chunk = honest[at : at + 4]
+            for (final, j), _ in zip(v.judge(chunk), chunk, strict=True):
+                outcomes[final] = outcomes.get(final, 0) + 1
+                if j.evidence is not None:
+                    ratios.append(j.evidence.weight_ratio)
+                    gaps.append(j.evidence.max_replay_gap)
+                    zs.append(j.evidence.max_replay_z)
+                    if j.evidence.same_class_err is not None:
+                        same.append(j.evidence.same_class_err)
+                if final != "accept" and j.refusal is not None:
+                    why.append(j.refusal.detail[:200])
+        cheats: dict[str, dict[str, int]] = {}
+        for r in rows:
+            if r["kind"] == "honest":
+                continue
+            ((final, _),) = v.judge([SubmittedRollout.model_validate(r["entry"])])
+            c = cheats.setdefault(r["kind"], {"trials": 0, "caught": 0, "held": 0})
+            c["trials"] += 1
+            c["caught"] += final == "reject"
+            c["held"] += final == "held"
+        result["workers"][path.stem] = {
+            "honest": {
+                "groups": len(honest),
+                "accepted": outcomes.get("accept", 0),
+                "held": outcomes.get("held", 0),
+                "slashed": outcomes.get("reject", 0),
+                "weight_ratio": _q(ratios),
+                "max_replay_gap": _q(gaps),
+                "max_replay_z": _q(zs),
+                "same_class_err": _q(same),
+                "refusals": why[:5],
+            },
+            "cheats": cheats,
+        }
+        print(f"  {cfg['stack']} judged {path.stem}: {outcomes} cheats {cheats}", flush=True)
+    (Path(cfg["out"]) / f"{cfg['stack']}.verdicts.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    {"worker": worker, "judge": judge}[sys.argv[1]](json.loads(sys.argv[2]))
