@@ -17,7 +17,7 @@ ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 CHART_RENDER := .tools/chart-render
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup up test test-compose test-all images bench bench-rl bench-trainer bench-toploc bench-noise bench-shardcast bench-wan bench-orchestrator bench-chain bench-ledger chaos soak hostile fuzz lint fmt clean
+.PHONY: setup up test test-compose test-all images bench bench-rl bench-trainer bench-toploc bench-stacks bench-noise bench-shardcast bench-wan bench-orchestrator bench-chain bench-ledger chaos soak hostile fuzz lint fmt clean
 
 setup: $(VENV)/.installed $(ANVIL) redis chromium docker-compose $(CHART_RENDER)
 
@@ -146,6 +146,13 @@ $(TOPLOC_REF)/.installed:
 
 # All in bench/results/toploc.json: verification end to end on the tiny model and its cost; the
 # calibration the acceptance limits are set from (`models`); multi-turn rollouts (`multi_turn`).
+# Honest SmolLM2 work and cheats from workers on stacks of their own (kernel caps, threads,
+# fp32, another transformers release, vLLM), judged by validators on stacks no worker has:
+# bench/results/stacks.json (STACKS_ARGS: flags, e.g. --honest 100).
+STACKS_ARGS ?=
+bench-stacks: setup
+	$(PY) -m bench.stacks $(STACKS_ARGS)
+
 bench-toploc: setup $(TOPLOC_REF)/.installed
 	$(PY) -m bench.toploc
 	$(PY) -m bench.toploc.models

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -37,7 +38,9 @@ WORKERS: dict[str, dict] = {
     "py3.11-tf5.19-hf-fp32-native-1t": {"env": {"OMP_NUM_THREADS": "1"}, "precision": "fp32"},
     "py3.11-tf5.0.0-hf-bf16-native-2t": {
         "env": {"OMP_NUM_THREADS": "2"},
-        "overlay": "transformers==5.0.0",
+        # 5.0.0 refuses the venv's tokenizers 0.23.3 and huggingface-hub 2.4 (it wants
+        # <=0.23.0 and <2.0): the releases it asks for, laid over the venv with it.
+        "overlay": ["transformers==5.0.0", "tokenizers==0.22.2", "huggingface-hub>=1.3.0,<2.0"],
     },
     "py3.11-tf5.19-vllm-bf16-native": {"env": {"OMP_NUM_THREADS": "2"}, "engine": "vllm"},
 }
@@ -61,13 +64,13 @@ NOT_BUILT = {
 }
 
 
-def overlay(spec: str) -> Path:
-    """`spec` installed (without dependencies) in a folder of its own, laid over the venv."""
-    where = OVERLAYS / spec.replace("==", "-")
+def overlay(specs: list[str]) -> Path:
+    """`specs` installed (without dependencies) in a folder of their own, laid over the venv."""
+    where = OVERLAYS / "+".join(re.sub(r"[^A-Za-z0-9.]+", "-", s) for s in specs)
     if not (where / ".done").exists():
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(where)]
-            + [spec],
+            + specs,
             check=True,
         )
         (where / ".done").touch()
@@ -102,33 +105,69 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=2, help="submissions per cheat per stack")
     p.add_argument("--only", default="", help="worker stacks to run (default: all)")
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--resume", action="store_true", help="keep the workers' finished files")
     args = p.parse_args()
     work = OVERLAYS / "entries"
     work.mkdir(parents=True, exist_ok=True)
     for old in work.glob("*"):
-        old.unlink()
+        if not (args.resume and (old.suffix == ".done" or old.with_suffix(".done").exists())):
+            old.unlink()
     chosen = [w for w in WORKERS if not args.only or w in args.only.split(",")]
     timings = {}
     for i, name in enumerate(chosen):
+        done = work / f"{name}.done"
+        if done.exists():
+            timings[name] = json.loads(done.read_text())
+            continue
         print(f"worker {name} ...", flush=True)
         cfg = {"honest": args.honest, "trials": args.trials, "seed": 100 + i, "out": str(work)}
         timings[name] = run_side("worker", name, WORKERS[name], cfg)
+        done.write_text(json.dumps(timings[name]))
     for name, stack in VALIDATORS.items():
         print(f"validator {name} ...", flush=True)
         timings[name] = run_side("judge", name, stack, {"entries": str(work), "out": str(work)})
     verdicts = {n: json.loads((work / f"{n}.verdicts.json").read_text()) for n in VALIDATORS}
+    # What the validators held goes, as in a pool, to a validator of the worker's own class:
+    # run on the worker's stack.
+    settled: dict[str, dict[str, str]] = {}
+    for w in chosen:
+        ids = sorted({i for res in verdicts.values() for i in res["workers"][w]["held_ids"]})
+        out = work / f"{w}.settled.json"
+        cfg = {"entries": str(work / f"{w}.jsonl"), "ids": ids, "out": str(out)}
+        if ids:
+            print(f"settling {len(ids)} held of {w} ...", flush=True)
+            run_side("settle", w, WORKERS[w], cfg)
+        settled[w] = json.loads(out.read_text())["finals"] if ids else {}
+    kinds = {
+        w: {json.loads(x)["entry"]["submission_id"]: json.loads(x)["kind"]
+            for x in (work / f"{w}.jsonl").read_text().splitlines()}
+        for w in chosen
+    }  # fmt: skip
     pairs, cheats = {}, {}
     honest = slashed = held = 0
     all_caught = True
     for v, res in verdicts.items():
         for w, r in res["workers"].items():
             h = r["honest"]
+            finals = [settled[w][i] for i in r["held_ids"] if kinds[w][i] == "honest"]
+            h["held_then_settled_by_the_workers_class"] = {
+                k: finals.count(k) for k in sorted(set(finals))
+            }
+            h["slashed"] += finals.count("reject")
             pairs[f"{w}/{v}"] = h
             honest += h["groups"]
             slashed += h["slashed"]
-            held += h["held"]
+            held += finals.count("held")
+            for i in r["held_ids"]:
+                kind = kinds[w][i]
+                if kind != "honest" and settled[w][i] == "reject":
+                    r["cheats"][kind]["caught"] += 1
             cheats[f"{w}/{v}"] = r["cheats"]
-            all_caught &= all(c["caught"] == c["trials"] for c in r["cheats"].values())
+            all_caught &= all(
+                c["caught"] == c["trials"]
+                for kind, c in r["cheats"].items()
+                if kind != "older_policy_version"  # measured, not required (toploc.json)
+            )
     write_results(
         args.out,
         {
@@ -142,6 +181,8 @@ def main() -> None:
             "slashed": slashed,
             "held": held,
             "held_share": round(held / max(honest, 1), 4),
+            "held_note": "held after the worker's own class settled it (still neither paid nor "
+            "slashed); first-opinion holds per pair are in pairs[].held",
             "every_cheat_caught": all_caught,
             "pairs": pairs,
             "cheats": cheats,

@@ -125,11 +125,13 @@ def judge(cfg: dict) -> None:
             SubmittedRollout.model_validate(r["entry"]) for r in rows if r["kind"] == "honest"
         ]
         outcomes: dict[str, int] = {}
-        ratios, gaps, zs, same, why = [], [], [], [], []
+        ratios, gaps, zs, same, why, held = [], [], [], [], [], []
         for at in range(0, len(honest), 4):
             chunk = honest[at : at + 4]
-            for (final, j), _ in zip(v.judge(chunk), chunk, strict=True):
+            for (final, j), e in zip(v.judge(chunk), chunk, strict=True):
                 outcomes[final] = outcomes.get(final, 0) + 1
+                if final == "held":
+                    held.append(e.submission_id)
                 if j.evidence is not None:
                     ratios.append(j.evidence.weight_ratio)
                     gaps.append(j.evidence.max_replay_gap)
@@ -142,11 +144,14 @@ def judge(cfg: dict) -> None:
         for r in rows:
             if r["kind"] == "honest":
                 continue
-            ((final, _),) = v.judge([SubmittedRollout.model_validate(r["entry"])])
+            entry = SubmittedRollout.model_validate(r["entry"])
+            ((final, _),) = v.judge([entry])
             c = cheats.setdefault(r["kind"], {"trials": 0, "caught": 0, "held": 0})
             c["trials"] += 1
             c["caught"] += final == "reject"
             c["held"] += final == "held"
+            if final == "held":
+                held.append(entry.submission_id)
         result["workers"][path.stem] = {
             "honest": {
                 "groups": len(honest),
@@ -160,10 +165,28 @@ def judge(cfg: dict) -> None:
                 "refusals": why[:5],
             },
             "cheats": cheats,
+            "held_ids": held,
         }
         print(f"  {cfg['stack']} judged {path.stem}: {outcomes} cheats {cheats}", flush=True)
     (Path(cfg["out"]) / f"{cfg['stack']}.verdicts.json").write_text(json.dumps(result, indent=1))
 
 
+def settle(cfg: dict) -> None:
+    """Work the validators held, judged as a pool settles it: by a validator of the class the
+    worker declared (this process is the worker's own stack, so its class)."""
+    me = describe(cfg)
+    v = Validator(cfg["stack"], policy_of(spec().lm), torch.get_num_threads(), me["device_class"])
+    wanted = set(cfg["ids"])
+    rows = [json.loads(line) for line in Path(cfg["entries"]).read_text().splitlines()]
+    finals = {}
+    for r in rows:
+        entry = SubmittedRollout.model_validate(r["entry"])
+        if entry.submission_id in wanted:
+            ((final, _),) = v.judge([entry])
+            finals[entry.submission_id] = final
+    Path(cfg["out"]).write_text(json.dumps({"stack": me, "finals": finals}))
+    print(json.dumps({"settled": len(finals)}))
+
+
 if __name__ == "__main__":
-    {"worker": worker, "judge": judge}[sys.argv[1]](json.loads(sys.argv[2]))
+    {"worker": worker, "judge": judge, "settle": settle}[sys.argv[1]](json.loads(sys.argv[2]))
