@@ -25,8 +25,8 @@ import torch
 from bench.toploc.models import (
     MEASURED_WEIGHTS,
     WEIGHT_ATTACKS,
+    Statistics,
     Validator,
-    _q,
     attack_entries,
     generate,
     new_lease,
@@ -125,19 +125,14 @@ def judge(cfg: dict) -> None:
             SubmittedRollout.model_validate(r["entry"]) for r in rows if r["kind"] == "honest"
         ]
         outcomes: dict[str, int] = {}
-        ratios, gaps, zs, same, why, held = [], [], [], [], [], []
+        stats, why, held = Statistics(), [], []
         for at in range(0, len(honest), 4):
             chunk = honest[at : at + 4]
             for (final, j), e in zip(v.judge(chunk), chunk, strict=True):
                 outcomes[final] = outcomes.get(final, 0) + 1
                 if final == "held":
                     held.append(e.submission_id)
-                if j.evidence is not None:
-                    ratios.append(j.evidence.weight_ratio)
-                    gaps.append(j.evidence.max_replay_gap)
-                    zs.append(j.evidence.max_replay_z)
-                    if j.evidence.same_class_err is not None:
-                        same.append(j.evidence.same_class_err)
+                stats.add(j)
                 if final != "accept" and j.refusal is not None:
                     why.append(j.refusal.detail[:200])
         cheats: dict[str, dict[str, int]] = {}
@@ -158,10 +153,7 @@ def judge(cfg: dict) -> None:
                 "accepted": outcomes.get("accept", 0),
                 "held": outcomes.get("held", 0),
                 "slashed": outcomes.get("reject", 0),
-                "weight_ratio": _q(ratios),
-                "max_replay_gap": _q(gaps),
-                "max_replay_z": _q(zs),
-                "same_class_err": _q(same),
+                **stats.quantiles(),
                 "refusals": why[:5],
             },
             "cheats": cheats,

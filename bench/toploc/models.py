@@ -390,6 +390,32 @@ def _q(xs: list[float]) -> dict[str, float]:
     return q
 
 
+class Statistics:
+    """Each noisy statistic of the judgements seen, for their quantiles (`_q`)."""
+
+    def __init__(self) -> None:
+        self.ratios: list[float] = []
+        self.gaps: list[float] = []
+        self.zs: list[float] = []
+        self.same: list[float] = []
+
+    def add(self, j: Judgement) -> None:
+        if j.evidence is not None:
+            self.ratios.append(j.evidence.weight_ratio)
+            self.gaps.append(j.evidence.max_replay_gap)
+            self.zs.append(j.evidence.max_replay_z)
+            if j.evidence.same_class_err is not None:
+                self.same.append(j.evidence.same_class_err)
+
+    def quantiles(self) -> dict[str, dict[str, float]]:
+        return {
+            "weight_ratio": _q(self.ratios),
+            "max_replay_gap": _q(self.gaps),
+            "max_replay_z": _q(self.zs),
+            "same_class_err": _q(self.same),
+        }
+
+
 def load_entries(path: Path | None, n: int) -> list[SubmittedRollout]:
     """Up to `n` honest submissions kept at `path` by an earlier run (none when it is absent)."""
     if path is None or not path.exists():
@@ -462,7 +488,7 @@ def honest(
         for v in vals:
             outcomes: dict[str, int] = {}
             settled: dict[str, int] = {}
-            ratios, gaps, zs, same, suspects = [], [], [], [], []
+            stats, suspects = Statistics(), []
             order = list(range(len(entries)))
             rng.shuffle(order)  # batch composition differs from the worker's
             at = 0
@@ -475,12 +501,7 @@ def honest(
                     if final == "held":
                         ((again, _),) = settler.judge([e])
                         settled[again] = settled.get(again, 0) + 1
-                    if j.evidence is not None:
-                        ratios.append(j.evidence.weight_ratio)
-                        gaps.append(j.evidence.max_replay_gap)
-                        zs.append(j.evidence.max_replay_z)
-                        if j.evidence.same_class_err is not None:
-                            same.append(j.evidence.same_class_err)
+                    stats.add(j)
                     if j.outcome != "accept":
                         suspects.append(
                             {
@@ -501,16 +522,14 @@ def honest(
                         1 for s in suspects if s["final"] == "accept"
                     ),
                     "outcomes": outcomes,
-                    "weight_ratio": _q(ratios),
-                    "max_replay_gap": _q(gaps),
-                    "max_replay_z": _q(zs),
-                    "same_class_err": _q(same),
+                    **stats.quantiles(),
                     "suspects": suspects[:5],
                 },
                 "attacks": {},
             }
             print(
-                f"  {spec.name} {prover}/{v.name}: {outcomes} ratio {_q(ratios)} gap {_q(gaps)}",
+                f"  {spec.name} {prover}/{v.name}: {outcomes} ratio {_q(stats.ratios)} "
+                f"gap {_q(stats.gaps)}",
                 flush=True,
             )
     return pairs
@@ -646,7 +665,7 @@ def attacks(
             seen: set[str] = set()
             finals: dict[str, int] = {}
             held = 0
-            ratios, gaps, zs, same = [], [], [], []
+            stats = Statistics()
             for item in items:
                 if isinstance(item, tuple):  # replay: the original passes, the copy is a duplicate
                     first, copy_ = item
@@ -658,12 +677,7 @@ def attacks(
                         held += 1
                         if item.submission.device_class == settler.device_class:
                             ((final, _),) = settler.judge([item])
-                    if j.evidence is not None:
-                        ratios.append(j.evidence.weight_ratio)
-                        gaps.append(j.evidence.max_replay_gap)
-                        zs.append(j.evidence.max_replay_z)
-                        if j.evidence.same_class_err is not None:
-                            same.append(j.evidence.same_class_err)
+                    stats.add(j)
                 finals[final] = finals.get(final, 0) + 1
             res[v.name][name] = {
                 "trials": trials,
@@ -671,14 +685,11 @@ def attacks(
                 "held": held,
                 "still_held": finals.get("held", 0),
                 "required": name in REQUIRED,
-                "weight_ratio": _q(ratios),
-                "max_replay_gap": _q(gaps),
-                "max_replay_z": _q(zs),
-                "same_class_err": _q(same),
+                **stats.quantiles(),
             }
             print(
                 f"  {spec.name} attack {name} on {v.name}: {finals} (held first {held}) "
-                f"ratio {_q(ratios)} same {_q(same)}",
+                f"ratio {_q(stats.ratios)} same {_q(stats.same)}",
                 flush=True,
             )
     return res
