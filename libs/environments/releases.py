@@ -30,6 +30,8 @@ def env_release(name: str) -> EnvRelease:
 
 
 def distribution_of(name: str) -> str:
-    """The distribution that installs environment `name` (what a contributor pip-installs)."""
-    dist = installed()[name].dist
+    """The distribution that installs environment `name` (what a contributor pip-installs);
+    the environment's own name when it is not installed here."""
+    found = installed().get(name)
+    dist = found.dist if found is not None else None
     return dist.metadata["Name"] if dist is not None else name

@@ -45,7 +45,7 @@ def local_stack(
         backend=backend,
         precision=precision,
         device_class=device_class,
-        environments=[env_release(e) for e in dict.fromkeys(envs)],
+        environments=pool_releases(envs),
     )
 
 
@@ -94,7 +94,7 @@ def stack_refusal(stack: WorkerStack, needs: PoolRequirements) -> str | None:
         if pinned is not None and have.version != pinned:
             return (
                 f"environment {theirs.env!r} {have.version} is not the release this pool "
-                f"accepts: pip install '{distribution_of_or(theirs.env)}=={pinned}'"
+                f"accepts: pip install '{distribution_of(theirs.env)}=={pinned}'"
             )
         if pinned is None and (have.version, have.content_hash) != (
             theirs.version,
@@ -103,13 +103,6 @@ def stack_refusal(stack: WorkerStack, needs: PoolRequirements) -> str | None:
             return (
                 f"environment {theirs.env!r} {have.version} ({have.content_hash}) is not the "
                 f"pool's release {theirs.version} ({theirs.content_hash}): install "
-                f"'{distribution_of_or(theirs.env)}=={theirs.version}' unmodified"
+                f"'{distribution_of(theirs.env)}=={theirs.version}' unmodified"
             )
     return None
-
-
-def distribution_of_or(env: str) -> str:
-    try:
-        return distribution_of(env)
-    except KeyError:
-        return env

@@ -209,7 +209,7 @@ def join(settings: WorkerSettings, account: LocalAccount, ledger: LedgerClient) 
     trainer = check_trainer(standing.pool, settings)
     check_orchestrator(standing.pool, settings.http_timeout_s)
     say(f"pool {settings.pool_id}: orchestrator {standing.pool.orchestrator_url} answers")
-    stack = check_stack(standing.pool, settings, where)
+    stack = check_stack(standing.pool, settings, where, account)
     stake_if_needed(ledger, standing, confirm=(lambda q: True) if settings.yes else ask)
 
     import torch

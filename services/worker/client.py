@@ -16,6 +16,7 @@ from prime_swarm.protocol.messages import (
     HeartbeatReply,
     LeaseReply,
     LeaseRequest,
+    PoolRequirements,
     RegisterReply,
     RegisterRequest,
     RolloutSubmission,
@@ -148,6 +149,10 @@ class OrchestratorClient:
 
     def submit_batch(self, batch: SubmissionBatch) -> SubmitBatchReply:
         return self._request("POST", "/v1/submit/batch", batch, SubmitBatchReply)
+
+    def requirements(self) -> PoolRequirements:
+        """What a machine must run to work for the pool (unsigned, read before staking)."""
+        return self._request("GET", "/v1/requirements", None, PoolRequirements)
 
     def worker_status(self, address: str) -> WorkerStatusReply:
         """The pool's view of `address`: verdicts, units, throughput (unsigned, read-only)."""

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
-from pydantic import ValidationError
+from eth_account.signers.local import LocalAccount
 
 from prime_swarm.libs.chain.anchor import trusted_trainer
 from prime_swarm.libs.chain.client import LedgerClient
@@ -21,14 +21,12 @@ from prime_swarm.libs.chain.models import Pool
 from prime_swarm.libs.chain.units import eth
 from prime_swarm.libs.environments.registry import EnvLoadError
 from prime_swarm.libs.environments.sandbox.interpreter import InterpreterError, require_tool_python
-from prime_swarm.libs.guard import untrusted_json
 from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.rollout.stacks import local_stack, stack_refusal
-from prime_swarm.protocol.messages import PoolRequirements, WorkerStack
+from prime_swarm.protocol.messages import WorkerStack
 
+from .client import OrchestratorClient, OrchestratorError
 from .settings import WorkerChainSettings, WorkerSettings
-
-MAX_REQUIREMENTS_BYTES = 256 * 1024
 
 log = logging.getLogger("worker")
 GAS_HEADROOM_WEI = 10**16  # enough for join + leave on any dev chain
@@ -116,34 +114,29 @@ def check_orchestrator(pool: Pool, timeout_s: float) -> None:
         )
 
 
-def check_stack(pool: Pool, settings: WorkerSettings, device: str) -> WorkerStack | None:
+def check_stack(
+    pool: Pool, settings: WorkerSettings, device: str, account: LocalAccount
+) -> WorkerStack | None:
     """This machine's stack against what the pool verifies, before anything is staked: one
     line naming what to install when the pool could not verify its work. None from an
     orchestrator that publishes no requirements (older than them): registration decides."""
-    url = pool.orchestrator_url.rstrip("/") + "/v1/requirements"
+    client = OrchestratorClient(pool.orchestrator_url, account, settings.http_timeout_s, 1)
     try:
-        with httpx.stream("GET", url, timeout=settings.http_timeout_s) as resp:
-            status, raw = resp.status_code, b""
-            for chunk in resp.iter_bytes():
-                raw += chunk
-                if len(raw) > MAX_REQUIREMENTS_BYTES:
-                    raise JoinError(f"pool {pool.pool_id}'s requirements are too large to read")
+        needs = client.requirements()
+    except OrchestratorError as exc:
+        if exc.status == 404:
+            return None
+        raise JoinError(
+            f"pool {pool.pool_id}'s orchestrator answers requirements this worker cannot read "
+            f"({exc}); nothing was staked: update prime-swarm or ask the pool's operator"
+        ) from None
     except httpx.HTTPError as exc:
         raise JoinError(
             f"pool {pool.pool_id}'s orchestrator does not say what it requires "
             f"({type(exc).__name__}); nothing was staked: try again later"
         ) from None
-    if status == 404:
-        return None
-    try:
-        needs = PoolRequirements.model_validate(
-            untrusted_json.loads(raw, max_bytes=MAX_REQUIREMENTS_BYTES)
-        )
-    except (untrusted_json.UntrustedJSONError, ValidationError, ValueError):
-        raise JoinError(
-            f"pool {pool.pool_id}'s orchestrator answers requirements this worker cannot read "
-            f"({status}); nothing was staked: update prime-swarm or ask the pool's operator"
-        ) from None
+    finally:
+        client.close()
     envs = [e.env for e in needs.environments]
     assert settings.precision != "auto", "resolved before the stack is read"
     try:

@@ -4,7 +4,6 @@ registration or its membership gets it back by itself, or stops with one line.""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ejecting import ejecting_env
 from eth_account.signers.local import LocalAccount
 
 from prime_swarm.libs.chain.anvil import Anvil
@@ -34,15 +34,7 @@ def ejecting_pool(
     anvil: Anvil, redis_server: RedisServer, tmp_path: Path, start_live_pool: StartPool
 ) -> Iterator[Any]:
     """A live pool whose orchestrator ejects, with the owner's key, after EJECT_AFTER_S."""
-    key_file = tmp_path / "owner-key.json"
-    owner = anvil.dev_accounts(1)[0]
-    key_file.write_text(json.dumps({"private_key": owner.key.to_0x_hex()}))
-    key_file.chmod(0o600)
-    env = {
-        "PRIME_ORCH_OWNER_KEY_FILE": str(key_file),
-        "PRIME_ORCH_EJECT_AFTER_S": str(EJECT_AFTER_S),
-        "PRIME_ORCH_STANDING_CACHE_S": "0.1",
-    }
+    env = ejecting_env(anvil, tmp_path, EJECT_AFTER_S)
     with start_live_pool(anvil, redis_server.url, tmp_path, env) as live:
         yield live
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ejecting import ejecting_env
 from rollout_messages import answer
 
 from prime_swarm.libs.chain.anvil import Anvil
@@ -98,15 +99,7 @@ def test_an_expired_lease_is_reissued_and_its_late_answer_refused(
 def test_a_silent_worker_is_ejected_on_chain_with_the_owners_key(
     anvil: Anvil, redis_server: RedisServer, tmp_path: Path, start_live_pool: StartPool
 ) -> None:
-    key_file = tmp_path / "owner-key.json"
-    owner = anvil.dev_accounts(1)[0]
-    key_file.write_text(json.dumps({"private_key": owner.key.to_0x_hex()}))
-    key_file.chmod(0o600)
-    env = {
-        "PRIME_ORCH_OWNER_KEY_FILE": str(key_file),
-        "PRIME_ORCH_EJECT_AFTER_S": "2",
-        "PRIME_ORCH_STANDING_CACHE_S": "0.1",
-    }
+    env = ejecting_env(anvil, tmp_path, 2)
     with start_live_pool(anvil, redis_server.url, tmp_path, env) as live:
         silent, alive = live.member, live.new_member()
         Contributor(live, silent)

@@ -51,7 +51,7 @@ def test_the_pools_requirements_are_checked_before_staking_and_at_registration(
         s = settings_for(live, tmp_path)
         standing = read_standing(live.ledger_as(live.outsider), s, live.outsider.address)
         with pytest.raises(JoinError) as err:
-            check_stack(standing.pool, s, "cpu")
+            check_stack(standing.pool, s, "cpu", live.outsider)
         line = str(err.value)
         assert "\n" not in line and "pip install 'torch>=9'" in line, line
         # The orchestrator checks again: a worker that skips the check is refused by name.
@@ -69,7 +69,7 @@ def test_a_stack_the_pool_verifies_joins_and_registers(
     with start_live_pool(anvil, redis_server.url, tmp_path) as live:
         s = settings_for(live, tmp_path)
         standing = read_standing(live.ledger_as(live.member), s, live.member.address)
-        stack = check_stack(standing.pool, s, "cpu")
+        stack = check_stack(standing.pool, s, "cpu", live.member)
         assert stack is not None and stack.device_class == device_class("cpu")
         client = OrchestratorClient(live.url, live.member, timeout_s=10, retry_budget=0)
         req = RegisterRequest(worker=live.member.address, pool_id=live.pool_id, stack=stack)
