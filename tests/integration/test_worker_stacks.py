@@ -83,8 +83,9 @@ def test_the_rule_names_what_to_install() -> None:
     assert stack_refusal(stack, needs) is None
     old_python = stack.model_copy(update={"python": "3.10.13"})
     assert "Python 3.10.13" in (stack_refusal(old_python, needs) or "")
-    new_torch = stack.model_copy(update={"torch": "2.14.1"})
-    assert "pip install 'torch==2.13.*'" in (stack_refusal(new_torch, needs) or "")
+    assert stack_refusal(stack.model_copy(update={"torch": "2.14.1"}), needs) is None
+    new_torch = stack.model_copy(update={"torch": "2.15.0"})
+    assert "pip install 'torch>=2.13,<2.15'" in (stack_refusal(new_torch, needs) or "")
     # vLLM's release matters only to a vLLM worker.
     vllm = stack.model_copy(update={"backend": "vllm", "vllm": "0.31.0"})
     assert "pip install 'vllm==0.32.*'" in (stack_refusal(vllm, needs) or "")
