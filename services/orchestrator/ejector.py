@@ -34,18 +34,27 @@ def round_interval_s(settings: OrchestratorSettings) -> float:
     return min(10.0, settings.eject_after_s / 4)
 
 
+def quiet_after_s(settings: OrchestratorSettings) -> float:
+    """How long unheard a worker counts as quiet now, for the share of the roster that fell
+    silent together. Shorter than `eject_after_s`: workers cut off at one moment were last
+    heard a heartbeat apart, so they cross `eject_after_s` one by one, and the first to cross
+    it must not be ejected alone while the rest are a moment behind."""
+    return min(settings.heartbeat_ttl_s, settings.eject_after_s / 2)
+
+
 def why_nobody_is_ejected(
-    silent: int, registered: int, listened_s: float, settings: OrchestratorSettings
+    silent: int, quiet: int, registered: int, listened_s: float, settings: OrchestratorSettings
 ) -> str | None:
-    """Why this round must eject nobody (the silence is the operator's), or None."""
+    """Why this round must eject nobody (the silence is the operator's), or None. `silent`:
+    workers past `eject_after_s`; `quiet`: those past `quiet_after_s`, the silent among them."""
     if silent and listened_s < settings.eject_after_s:
         return (
             f"the pool has listened for only {listened_s:.0f} s (its replicas or Redis were "
             "down): silence from before that is not the workers'"
         )
-    if silent and silent > settings.eject_max_silent_share * registered:
+    if silent and quiet > settings.eject_max_silent_share * registered:
         return (
-            f"{silent} of {registered} workers silent at once (more than "
+            f"{quiet} of {registered} workers silent at once (more than "
             f"{settings.eject_max_silent_share:.0%}): an outage on the pool's side or the "
             "network's, not departures"
         )
@@ -64,10 +73,12 @@ async def eject_silent_workers(
             # Two missed rounds of every replica is a gap: nobody was listening then.
             since = await roster.mark_listening(gap_s=3 * interval)
             silent, registered = await roster.silent(settings.eject_after_s)
+            quiet, _ = await roster.silent(quiet_after_s(settings))
         except Exception as exc:  # Redis down: the next round tries again
             log.warning("ejection round skipped: %s", exc)
             continue
-        why = why_nobody_is_ejected(len(silent), registered, time.time() - since, settings)
+        listened_s = time.time() - since
+        why = why_nobody_is_ejected(len(silent), len(quiet), registered, listened_s, settings)
         metrics.EJECTIONS_HELD.set(1 if why else 0)
         if why != held:
             if why:

@@ -100,9 +100,10 @@ class OrchestratorSettings(BaseSettings):
         0.5,
         gt=0,
         le=1,
-        description="When more than this share of the roster is silent past `eject_after_s` at "
-        "once, nobody is ejected: correlated silence is an outage (the orchestrator's region, "
-        "balancer or route), not contributors leaving.",
+        description="When a worker is silent past `eject_after_s` while more than this share "
+        "of the roster is unheard for the shorter of `heartbeat_ttl_s` and half of it, nobody "
+        "is ejected: correlated silence is an outage (the orchestrator's region, balancer or "
+        "route), not contributors leaving.",
     )
     lease_spread: float = Field(
         1.5,
