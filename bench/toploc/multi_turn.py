@@ -76,9 +76,9 @@ WORKER = "0x" + "ab" * 20
 HERE = device_class("cpu")
 
 
-def policy(cache: Path, device: str = "cpu", env: str = ENV_NAME) -> LoadedPolicy:
-    """The tiny model warm-started on `env`'s demonstrations (built once into the cache)."""
-    out = warm_start(0, cache / f"warm-{env}-bench", seed=0, env=env)
+def policy(cache: Path, device: str = "cpu") -> LoadedPolicy:
+    """The tiny model warm-started on the game's demonstrations (built once into the cache)."""
+    out = warm_start(0, cache / f"warm-{ENV_NAME}-bench", seed=0, env=ENV_NAME)
     return LoadedPolicy(VERSION, "cd" * 32, load_pretrained(out, device=device))
 
 
@@ -246,8 +246,8 @@ def forged_tool_output(
     p: LoadedPolicy, e: SubmittedRollout, i: int, hf: GenerationBackend
 ) -> Cheat | None:
     cheat = replayed(p, e, i, Forging(load_env(e.lease.env), 0, forged_reply), hf)
-    # Played alone, a branch may sample turn 0 otherwise than in its batch (bf16 rounds by
-    # batch shape): then no tool was called and nothing forged, and the trial is void.
+    # A replay whose turn 0 is not the worker's (bf16 rounds by batch shape, and the worker
+    # may have answered the group beside others) called no tool: nothing forged, void.
     first = turns_of(e.submission.completions[i])[0]
     a, b = cheat.spans[0]
     return cheat if len(cheat.spans) > 1 and cheat.token_ids[a:b] == first else None
