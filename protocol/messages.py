@@ -572,6 +572,9 @@ RejectReason = Literal[
     # machine, before other workers' groups witness it replaying elsewhere: held, never slashed
     # until they do (libs/rollout/env_disputes.py).
     "env_unsettled",
+    # The validator failed on a group that passed every input check (its own kernels, its
+    # memory): its fault, never the worker's; refused, never slashed, and logged as an error.
+    "validator_error",
 ]
 
 

@@ -31,6 +31,8 @@ from bench.stacks import side
 from bench.toploc import multi_turn
 from bench.toploc.results_file import write_results
 from prime_swarm.libs.rollout.calibration import ACCEPTANCE, VLLM_RECHECK_REPLAY_Z
+from prime_swarm.libs.rollout.pool_rates import FALSE_SLASH, binomial_tail
+from prime_swarm.libs.rollout.sampling_record import MARGINAL_Z, PRIOR_RATE
 from prime_swarm.services.validator.settings import ValidatorSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,8 +67,11 @@ WORKERS: dict[str, dict] = {
     },
 }
 VALIDATORS: dict[str, dict] = {
+    # AVX2 kernels in torch and oneDNN both: torch 2.13's bf16 attention with only torch's capped
+    # refused every python-tool group on an AMX CPU ("pack_vnni2 is only supported when avx512
+    # is supported"; refused as validator_error, never slashed).
     "validator-py3.11-avx2-1t-sdpa": {
-        "env": {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "1"}
+        "env": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1"}
     },
     "validator-py3.11-native-2t-eager": {"env": {"OMP_NUM_THREADS": "2"}, "attention": "eager"},
 }
@@ -153,7 +158,8 @@ def run_side(role: str, name: str, stack: dict, cfg: dict) -> dict:
         raise SystemExit(f"{role} {name} failed:\n{done.stderr[-3000:]}")
     last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "{}"
     print(last, flush=True)
-    seen = json.loads(last).get("stack")  # a worker's stack as its own process saw it
+    # A worker's stack as its own process saw it (a judge's last line is its summary).
+    seen = json.loads(last).get("stack") if role == "worker" else None
     return {"seconds": round(time.monotonic() - started, 1), **({"stack": seen} if seen else {})}
 
 
@@ -163,6 +169,15 @@ def limits() -> dict:
         **ACCEPTANCE.model_dump(exclude={"gross"}),
         "vllm_recheck_replay_z": VLLM_RECHECK_REPLAY_Z,
     }
+
+
+def groups_until_slashed() -> int:
+    """The marked groups after which a worker whose every group is marked is slashed, at the
+    prior rate (no peers witnessing)."""
+    n = 1
+    while binomial_tail(n, n, PRIOR_RATE) > FALSE_SLASH:
+        n += 1
+    return n
 
 
 def audited(ids: list[str], validator: str, fraction: float) -> list[str]:
@@ -237,7 +252,7 @@ def main() -> None:
                 for v, res in verdicts.items()
                 for i in (
                     res["workers"][w]["held_ids"]
-                    + res["workers"][w]["accepted_cheat_ids"]
+                    + list(res["workers"][w]["accepted_cheat_ids"])
                     + audits[w, v]
                 )
             }
@@ -258,6 +273,7 @@ def main() -> None:
     pairs, cheats = {}, {}
     judged = slashed = held = audited_honest = 0
     all_caught = all_caught_unaudited = True
+    convicted_honest: list[str] = []
     for v, res in verdicts.items():
         for w, r in res["workers"].items():
             finals = settled[w]
@@ -275,18 +291,27 @@ def main() -> None:
                 held += after.count("held")
                 audited_honest += len(checked)
             pairs[f"{w}/{v}"] = r["honest"]
+            # The honest record at the prior rate: a stack whose own marks convict it would be
+            # slashed for its engine's rounding.
+            n = sum(h["accepted"] for h in r["honest"].values())
+            k = sum(h["marked"] for h in r["honest"].values())
+            if binomial_tail(k, n, PRIOR_RATE) <= FALSE_SLASH:
+                convicted_honest.append(f"{w}/{v}")
             for kind, c in r["cheats"].items():
                 ids = [i for i, k in kinds[w].items() if k == kind]
                 c["caught_after_hold"] = sum(
                     finals.get(i) == "reject" for i in ids if i in r["held_ids"]
                 )
                 c["accepted"] = sum(i in r["accepted_cheat_ids"] for i in ids)
-                c["caught_when_audited"] = sum(
-                    finals.get(i) == "reject" for i in ids if i in r["accepted_cheat_ids"]
-                )
+                passed = {i: z for i, z in r["accepted_cheat_ids"].items() if i in ids}
+                c["caught_when_audited"] = sum(finals.get(i) == "reject" for i in passed)
+                # Accepted, but marked: slashed once the worker's sampling record convicts it.
+                by_record = [i for i, z in passed.items() if z > MARGINAL_Z]
+                c["marked_for_the_record"] = len(by_record)
                 c["caught"] += c["caught_after_hold"]
                 all_caught_unaudited &= c["caught"] == c["trials"]
-                all_caught &= c["caught"] + c["caught_when_audited"] == c["trials"]
+                later = {i for i in passed if finals.get(i) == "reject"} | set(by_record)
+                all_caught &= c["caught"] + len(later) == c["trials"]
             cheats[f"{w}/{v}"] = r["cheats"]
     # Every validator judged every group: the distinct groups are one validator's count.
     first = verdicts[next(iter(VALIDATORS))]["workers"].values()
@@ -329,7 +354,18 @@ def main() -> None:
             "cheat_note": "caught: rejected at first look or after a hold by the worker's own "
             "class; caught_when_audited: accepted by the cross-class validator and rejected by "
             "the worker's own class, which sees such work with probability audit_fraction per "
-            "group (services/validator/loop.py _audited)",
+            "group (services/validator/loop.py _audited); marked_for_the_record: accepted with a "
+            f"replay z over {MARGINAL_Z}, which the worker's sampling record slashes once it is "
+            "implausible at its peers' rate (libs/rollout/sampling_record.py): a worker whose "
+            f"every group is marked is slashed from its {groups_until_slashed()}th at the prior "
+            "rate, its earlier ones paid. every_cheat_caught counts all three.",
+            "sampling_record": {
+                "marginal_z": MARGINAL_Z,
+                "prior_rate": PRIOR_RATE,
+                "false_slash": FALSE_SLASH,
+                "groups_until_slashed_at_the_prior": groups_until_slashed(),
+                "honest_pairs_it_would_slash": convicted_honest,
+            },
             "pairs": pairs,
             "cheats": cheats,
             "seconds": timings,

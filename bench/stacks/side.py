@@ -44,7 +44,9 @@ from prime_swarm.libs.model.backend import make_backend
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.policy.store import LoadedPolicy
+from prime_swarm.libs.rollout.sampling_record import MARGINAL_Z
 from prime_swarm.protocol.messages import SubmittedRollout
+from prime_swarm.services.validator.loop import NOT_SLASHED
 
 MAX_NEW_TOKENS = 48
 ATTACKS = [*WEIGHT_ATTACKS, "older_policy_version", "sampling_ignores_seed", "wrong_temperature"]
@@ -206,19 +208,23 @@ def judge(cfg: dict) -> None:
         entries = [(r["kind"], SubmittedRollout.model_validate(r["entry"])) for r in rows]
         honest: dict[str, dict] = {}
         cheats: dict[str, dict[str, int]] = {}
-        held, accepted_cheats, accepted_honest = [], [], []
+        held, accepted_honest = [], []
+        accepted_cheats: dict[str, float] = {}  # id -> its replay z (the sampling record's mark)
         for env, v in judges.items():
             mine = [e for kind, e in entries if kind == "honest" and e.lease.env == env]
             outcomes: dict[str, int] = {}
-            stats, why = Statistics(), []
+            stats, why, marked = Statistics(), [], 0
             for at in range(0, len(mine), 4):
                 chunk = mine[at : at + 4]
                 for (final, j), e in zip(v.judge(chunk), chunk, strict=True):
+                    if final == "reject" and j.refusal and j.refusal.reason in NOT_SLASHED:
+                        final = j.refusal.reason  # refused, never slashed: not the worker's doing
                     outcomes[final] = outcomes.get(final, 0) + 1
                     if final == "held":
                         held.append(e.submission_id)
                     elif final == "accept":
                         accepted_honest.append(e.submission_id)
+                        marked += bool(j.evidence and j.evidence.max_replay_z > MARGINAL_Z)
                     stats.add(j)
                     if final != "accept" and j.refusal is not None:
                         why.append(j.refusal.detail[:200])
@@ -227,13 +233,15 @@ def judge(cfg: dict) -> None:
                 "accepted": outcomes.get("accept", 0),
                 "held": outcomes.get("held", 0),
                 "slashed": outcomes.get("reject", 0),
+                "refused_not_slashed": {k: n for k, n in outcomes.items() if k in NOT_SLASHED},
+                "marked": marked,
                 **stats.quantiles(),
                 "refusals": why[:5],
             }
         for kind, entry in entries:
             if kind == "honest":
                 continue
-            ((final, _),) = judges[entry.lease.env].judge([entry])
+            ((final, j),) = judges[entry.lease.env].judge([entry])
             c = cheats.setdefault(kind, {"trials": 0, "caught": 0, "held": 0})
             c["trials"] += 1
             c["caught"] += final == "reject"
@@ -241,7 +249,8 @@ def judge(cfg: dict) -> None:
             if final == "held":
                 held.append(entry.submission_id)
             elif final == "accept":
-                accepted_cheats.append(entry.submission_id)
+                z = j.evidence.max_replay_z if j.evidence else 0.0
+                accepted_cheats[entry.submission_id] = z
         result["workers"][path.stem] = {
             "honest": honest,
             "cheats": cheats,

@@ -21,22 +21,9 @@ gains nothing while held, and is slashed once the witnesses are in.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-MIN_WITNESSES = 3
-"""Other workers (other machines) whose groups of the environment replayed clean."""
-FALSE_SLASH = 1e-6
-"""The most probability that an honest worker's mismatches come from the environment's own rate
-and are blamed on it anyway."""
-
-
-@dataclass(frozen=True)
-class EnvRecord:
-    """One environment's record across workers: groups judged and groups that failed to replay."""
-
-    groups: dict[str, int]
-    mismatches: dict[str, int]
+from .pool_rates import FALSE_SLASH, MIN_WITNESSES, Record, excess
 
 
 @dataclass(frozen=True)
@@ -49,28 +36,11 @@ class Blame:
     """The statistic that decided, and its limit, in one line."""
 
 
-def binomial_tail(k: int, n: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, p)."""
-    if k <= 0:
-        return 1.0
-    if k > n or p <= 0.0:
-        return 0.0
-    if p >= 1.0:
-        return 1.0
-    logs = [
-        math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
-        + i * math.log(p) + (n - i) * math.log1p(-p)
-        for i in range(k, n + 1)
-    ]  # fmt: skip
-    top = max(logs)
-    return min(1.0, math.exp(top) * sum(math.exp(x - top) for x in logs))
-
-
-def blame(record: EnvRecord, worker: str, env: str) -> Blame:
-    """Whose doing are `worker`'s environment mismatches (its current one counted in `record`)?"""
-    own_n, own_m = record.groups.get(worker, 0), record.mismatches.get(worker, 0)
-    others = [w for w in record.groups if w != worker]
-    failing = [w for w in record.mismatches if w != worker and record.mismatches[w] > 0]
+def blame(record: Record, worker: str, env: str) -> Blame:
+    """Whose doing are `worker`'s environment mismatches (`record.marked`: groups that failed to
+    replay; its current one counted)?"""
+    own_n, own_m = record.groups.get(worker, 0), record.marked.get(worker, 0)
+    failing = [w for w in record.marked if w != worker and record.marked[w] > 0]
     if failing:
         return Blame(
             False,
@@ -78,24 +48,20 @@ def blame(record: EnvRecord, worker: str, env: str) -> Blame:
             f"environment {env!r} also failed to replay for {len(failing)} other worker(s): it "
             "answers otherwise on other machines or runs; held, not the worker's doing",
         )
-    witnesses = [w for w in others if record.groups[w] > 0]
-    if len(witnesses) < MIN_WITNESSES:
+    found = excess(record, worker)
+    if found.witnesses < MIN_WITNESSES:
         return Blame(
             False,
             False,
             f"{own_m} of this worker's {own_n} groups of {env!r} failed to replay, and only "
-            f"{len(witnesses)} other worker(s) witness it replaying (at least {MIN_WITNESSES} "
+            f"{found.witnesses} other worker(s) witness it replaying (at least {MIN_WITNESSES} "
             "needed): held until they do",
         )
-    others_n = sum(record.groups[w] for w in others)
-    others_m = sum(record.mismatches.get(w, 0) for w in others)
-    rate = (others_m + 1) / (others_n + 2)
-    tail = binomial_tail(own_m, own_n, rate)
     said = (
         f"{own_m} of this worker's {own_n} groups of {env!r} failed to replay, where "
-        f"{len(witnesses)} other workers' {others_n} groups replayed: chance {tail:.1e} at the "
-        f"pool's rate {rate:.1e}"
+        f"{found.witnesses} other workers' {found.others_groups} groups replayed: chance "
+        f"{found.tail:.1e} at the pool's rate {found.rate:.1e}"
     )
-    if tail > FALSE_SLASH:
+    if not found.implausible:
         return Blame(False, False, f"{said} > {FALSE_SLASH:.0e}: held until it is not")
     return Blame(True, False, f"{said} <= {FALSE_SLASH:.0e}: the worker's doing")

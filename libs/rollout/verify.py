@@ -573,8 +573,9 @@ def verify_batch(
 
     One recomputation per (policy version, precision) for the whole batch, one TOPLOC check per
     prover engine's limits; anything that fails batched is retried one group at a time, and a
-    group that still makes the validator fail is refused as malformed rather than sinking the
-    batch. Suspects get `second_opinion` when `recheck`, then are settled (`settle`).
+    group that still makes the validator fail is refused as `validator_error` (never slashed)
+    rather than sinking the batch. Suspects get `second_opinion` when `recheck`, then are
+    settled (`settle`).
     `device_class`: the validator's own; work declared from it is also held against the
     validator's declared-precision numbers, and only there may a second opinion slash.
     """
@@ -647,7 +648,9 @@ def judge_one(
     same_class: bool = False,
 ) -> Judgement:
     """One group's first opinion (and a suspect's second), recomputing what the batch could
-    not; a validator failure on a submission's input is that submission's `malformed` refusal."""
+    not. The input's shape was checked before (`check_shapes`, `check_prompt`), so a failure
+    here is the validator's own (a torch kernel refusing this CPU, memory): `validator_error`,
+    which never slashes; a worker that finds input to crash it gains nothing either."""
     try:
         if recs is None:
             recs = recompute(work.policy.lm, work.pairs(), work.entry.submission.precision)
@@ -662,9 +665,9 @@ def judge_one(
         return judgement
     except Refusal as rej:
         return Judgement("reject", refusal=rej)
-    except Exception as exc:  # noqa: BLE001 - a malformed submission never crashes the validator
+    except Exception as exc:  # noqa: BLE001 - one group never crashes the validator
         return Judgement(
-            "reject", refusal=Refusal("malformed", f"{type(exc).__name__}: {exc}"[:300])
+            "reject", refusal=Refusal("validator_error", f"{type(exc).__name__}: {exc}"[:300])
         )
 
 

@@ -19,8 +19,9 @@ from prime_swarm.libs.chain.client import LedgerClient
 from prime_swarm.libs.environments.registry import args_key
 from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.policy.store import PolicyError, PolicyStore
-from prime_swarm.libs.rollout import env_disputes, verify
+from prime_swarm.libs.rollout import env_disputes, sampling_record, verify
 from prime_swarm.libs.rollout.admission import Refusal, check_admission, check_answers_lease
+from prime_swarm.libs.rollout.pool_rates import Record
 from prime_swarm.libs.rollout.selection import pass_rate
 from prime_swarm.libs.streams.announcements import latest_announcement
 from prime_swarm.libs.streams.connection import connect
@@ -36,6 +37,7 @@ from prime_swarm.protocol.messages import (
     VerifiedRollout,
     normal_address,
 )
+from prime_swarm.protocol.sampling_records import SAMPLING_GROUPS, SAMPLING_MARKED, sampling_kind
 from prime_swarm.protocol.selection_records import PASS_RATES
 
 from . import metrics, stats
@@ -49,13 +51,16 @@ log = logging.getLogger("validator")
 # now, never slashed. A duplicate is refused (the pool has that group already) but not slashed:
 # where prompts recur (a finite train set, live selection) a confident policy's honest group can
 # equal another lease's token for token at the same version (seen in the e2e run at 8 threads),
-# and a copier earns nothing from the refusal either.
+# and a copier earns nothing from the refusal either. The validator's own failure on a group is
+# its own fault (bench-stacks found torch 2.13's bf16 attention refusing a validator capped to
+# AVX2 kernels on an AMX CPU: "pack_vnni2 is only supported when avx512 is supported").
 NOT_SLASHED = {
     "stale_policy",
     "held_for_recheck",
     "env_nondeterministic",
     "env_unsettled",
     "duplicate",
+    "validator_error",
 }
 SEEN_TTL_S = 7 * 24 * 3600
 ENV_RECORD_TTL_S = 7 * 24 * 3600  # refreshed by every group judged: an environment in use
@@ -74,9 +79,12 @@ class Decided:
     msg: SubmittedRollout
     verdict: Verdict
     verified: VerifiedRollout | None = None
+    marked: bool = False
+    """Accepted with a replay z over sampling_record.MARGINAL_Z: counted as such in the
+    worker's sampling record."""
 
-    def fields(self) -> tuple[str, SubmittedRollout, Verdict, VerifiedRollout | None]:
-        return self.entry_id, self.msg, self.verdict, self.verified
+    def fields(self) -> tuple[str, SubmittedRollout, Verdict, VerifiedRollout | None, bool]:
+        return self.entry_id, self.msg, self.verdict, self.verified, self.marked
 
 
 def default_consumer(address: str) -> str:
@@ -222,7 +230,10 @@ class Validator:
             for (entry_id, work), decision in zip(works, decisions, strict=True):
                 if verify.unexplained_environment_refusal(decision):
                     decision = self._blame_environment(work.entry, decision)
+                if not work.entry.audit:  # an audit's group was counted when first accepted
+                    decision = self._weigh_sampling(work.entry, decision)
                 decided = self._decide(entry_id, work.entry, decision)
+                decided.marked = sampling_record.marked(decision)
                 if work.entry.audit and decided.verdict.accepted:
                     # Attested when first accepted: a passed spot check pays nothing twice.
                     metrics.AUDITS.labels("passed").inc()
@@ -250,7 +261,7 @@ class Validator:
         # This group counted, as the commit will count it.
         groups[worker] = groups.get(worker, 0) + 1
         mismatches[worker] = mismatches.get(worker, 0) + 1
-        found = env_disputes.blame(env_disputes.EnvRecord(groups, mismatches), worker, env)
+        found = env_disputes.blame(Record(groups, mismatches), worker, env)
         fields = {"env": env, "worker": worker, "detail": found.detail}
         if found.worker:
             log.warning("environment tokens forged", extra={"fields": fields})
@@ -264,6 +275,25 @@ class Validator:
         else:
             metrics.ENV_UNSETTLED.labels(env).inc()
         return verify.held_unsettled(d, found.detail)
+
+    def _weigh_sampling(self, msg: SubmittedRollout, d: verify.Decision) -> verify.Decision:
+        """A marked group against the worker's sampling record across validators."""
+        if not sampling_record.marked(d):
+            return d
+        sub = msg.submission
+        kind = sampling_kind(sub.backend, sub.device_class)
+        groups, marked = (
+            {k.decode(): int(v) for k, v in self.r.hgetall(template.format(kind=kind)).items()}
+            for template in (SAMPLING_GROUPS, SAMPLING_MARKED)
+        )
+        # This group counted, as the commit will count it.
+        groups[sub.worker] = groups.get(sub.worker, 0) + 1
+        marked[sub.worker] = marked.get(sub.worker, 0) + 1
+        weighed = sampling_record.weigh(d, Record(groups, marked), sub.worker)
+        if weighed.action == "reject" and weighed.refusal is not None:
+            fields = {"worker": sub.worker, "kind": kind, "detail": weighed.refusal.detail}
+            log.warning("sampling off the lease, group after group", extra={"fields": fields})
+        return weighed
 
     def _decide(self, entry_id: str, msg: SubmittedRollout, d: verify.Decision) -> Decided:
         """The settled decision encoded: a verdict, and the trainer's rollout when accepted."""
@@ -358,7 +388,7 @@ class Validator:
         or nothing."""
         pipe = self.r.pipeline(transaction=True)
         now = time.time()
-        for entry_id, msg, verdict, verified in (d.fields() for d in verdicts):
+        for entry_id, msg, verdict, verified, marked in (d.fields() for d in verdicts):
             work_id = msg.lease.work_id
             if verified is not None:
                 pipe.xadd(streams.ROLLOUTS_VERIFIED, streams.encode(verified))
@@ -384,12 +414,19 @@ class Validator:
                 metrics.AUDITS.labels("queued").inc()
             if verdict.accepted or verdict.reason in ENVIRONMENT_VERDICTS:
                 self._count_environment(pipe, msg, verdict)
+            if verdict.accepted and not msg.audit:
+                self._count_sampling(pipe, msg, marked)
             pipe.xack(stream, group, entry_id)
             stats.count_verdict(pipe, verdict, now)
             label = "accepted" if verdict.accepted else str(verdict.reason)
             self.counts[label] += 1
             metrics.VERDICTS.labels(label).inc()
-            if not verdict.accepted:
+            if verdict.reason == "validator_error":  # the operator's to fix
+                log.error(
+                    "this validator failed on a group: refused, not slashed",
+                    extra={"fields": {"worker": verdict.worker, "detail": verdict.detail}},
+                )
+            elif not verdict.accepted:
                 log.info(
                     "rejected",
                     extra={
@@ -412,6 +449,15 @@ class Validator:
         for template in keys:
             name = template.format(env=key)
             pipe.hincrby(name, verdict.worker, 1)
+            pipe.expire(name, ENV_RECORD_TTL_S)
+
+    @staticmethod
+    def _count_sampling(pipe: Pipeline, msg: SubmittedRollout, marked: bool) -> None:
+        """The worker's sampling record: one more accepted group, and one more marked."""
+        kind = sampling_kind(msg.submission.backend, msg.submission.device_class)
+        for template in [SAMPLING_GROUPS] + ([SAMPLING_MARKED] if marked else []):
+            name = template.format(kind=kind)
+            pipe.hincrby(name, msg.submission.worker, 1)
             pipe.expire(name, ENV_RECORD_TTL_S)
 
     def run_once(self, block_ms: int = 1000, flush: bool = True) -> int:

@@ -18,7 +18,7 @@ from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.noise import gumbel_rows
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.policy.store import LoadedPolicy
-from prime_swarm.libs.rollout import calibration
+from prime_swarm.libs.rollout import calibration, verify
 from prime_swarm.libs.rollout.admission import Refusal, check_admission
 from prime_swarm.libs.rollout.calibration import acceptance_for
 from prime_swarm.libs.rollout.recompute import prefill_hidden
@@ -35,6 +35,7 @@ from prime_swarm.protocol.messages import (
     SubmittedRollout,
     VerifiedCompletion,
 )
+from prime_swarm.services.validator.loop import NOT_SLASHED
 
 WORKER = "0x" + "ab" * 20
 GROUP, MAX_NEW = 4, 8
@@ -306,6 +307,23 @@ def test_out_of_vocabulary_tokens_are_malformed_not_a_crash(
     # A completion that fits exactly is not malformed.
     fits = too_long[:-1]
     check_shapes(with_completion(honest, 0, token_ids=fits), policy.lm)
+
+
+def test_the_validators_own_failure_is_refused_and_never_slashed(
+    honest: SubmittedRollout, policy: LoadedPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What torch 2.13 raised on a validator capped to AVX2 kernels on an AMX CPU, for every
+    honest python-tool group (bench-stacks, 2026-12-03): the validator's fault, not the work's."""
+
+    def refuses_this_cpu(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("pack_vnni2 is only supported when avx512 is supported")
+
+    monkeypatch.setattr(verify, "measure_group", refuses_this_cpu)
+    (decision,) = verify_batch([Work(honest, policy)])
+    assert decision.action == "reject" and decision.refusal is not None
+    assert decision.refusal.reason == "validator_error"
+    assert "pack_vnni2" in decision.refusal.detail
+    assert "validator_error" in NOT_SLASHED
 
 
 def test_an_uncalibrated_backend_is_refused(

@@ -13,29 +13,26 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections import defaultdict
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import redis
 import unsteady_envs
 from lease_answers import answer_lease
 from prometheus_client import REGISTRY
+from validator_loop import CHAIN_QUEUE, HERE, validator
 
 from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.environments.determinism import check_environments, own_uts_namespace
 from prime_swarm.libs.environments.registry import args_key
 from prime_swarm.libs.model.build import init_tiny_model
 from prime_swarm.libs.model.causal_lm import CausalLM
-from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.model.hf_backend import HFBackend
 from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.policy.store import LoadedPolicy
-from prime_swarm.libs.rollout.env_disputes import EnvRecord, binomial_tail, blame
-from prime_swarm.libs.rollout.recipe import Recipe
+from prime_swarm.libs.rollout.env_disputes import blame
+from prime_swarm.libs.rollout.pool_rates import Record, binomial_tail
 from prime_swarm.libs.rollout.verify import Work, verify_batch
-from prime_swarm.libs.streams.consumer import GroupReader
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.env_records import ENV_GROUPS, ENV_MISMATCHES, env_key
 from prime_swarm.protocol.messages import (
@@ -45,11 +42,8 @@ from prime_swarm.protocol.messages import (
     SubmittedRollout,
     Verdict,
 )
-from prime_swarm.services.validator.loop import Validator
 
-HERE = device_class("cpu")
 WORKER = "0x" + "ab" * 20
-CHAIN_QUEUE = "validator:1:chain_queue"
 
 pytestmark = pytest.mark.usefixtures("inference")
 
@@ -123,30 +117,6 @@ def test_a_forged_reply_of_a_deterministic_environment_is_still_rejected(
     assert d.action == "reject" and d.judgement.environment is None
     assert d.refusal is not None and d.refusal.reason == "context_mismatch"
     assert "after turn 0" in d.refusal.detail
-
-
-def validator(r: redis.Redis, policy: LoadedPolicy) -> Validator:
-    """The validator's loop with everything but its chain client and policy downloads."""
-    v = Validator.__new__(Validator)
-    v.r = r
-    v.settings = SimpleNamespace(
-        recipe=Recipe(async_level=2),
-        relays=["http://relay"],
-        reward_tolerance=1e-6,
-        audit_fraction=0.0,
-    )
-    v.reader = GroupReader(
-        r, streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, HERE, SubmittedRollout
-    )
-    v.held_reader = GroupReader(
-        r, streams.ROLLOUTS_HELD, streams.held_group(HERE), HERE, SubmittedRollout
-    )
-    v.queue = SimpleNamespace(key=CHAIN_QUEUE)
-    v.counts = defaultdict(int)
-    v.device_class = HERE
-    v.account = SimpleNamespace(address="0x" + "22" * 20)
-    v.store = SimpleNamespace(get=lambda version, relays: policy)  # downloads tested elsewhere
-    return v
 
 
 def witness_record(
@@ -284,15 +254,15 @@ def test_a_forgery_is_held_before_witnesses_and_when_others_fail_too(
 
 
 def test_the_blame_rule() -> None:
-    none = EnvRecord({"w": 1}, {"w": 1})
+    none = Record({"w": 1}, {"w": 1})
     assert not blame(none, "w", "e").worker
-    witnessed = EnvRecord({"w": 3, "a": 100, "b": 100, "c": 100}, {"w": 3})
+    witnessed = Record({"w": 3, "a": 100, "b": 100, "c": 100}, {"w": 3})
     assert blame(witnessed, "w", "e").worker  # (1/302)^3 < 1e-6
-    once = EnvRecord({"w": 1, "a": 100, "b": 100, "c": 100}, {"w": 1})
+    once = Record({"w": 1, "a": 100, "b": 100, "c": 100}, {"w": 1})
     assert not blame(once, "w", "e").worker  # one mismatch in 301 groups: chance 3e-3
-    rare = EnvRecord({"w": 50, "a": 500, "b": 500, "c": 500}, {"w": 5, "a": 0})
+    rare = Record({"w": 50, "a": 500, "b": 500, "c": 500}, {"w": 5, "a": 0})
     assert blame(rare, "w", "e").worker  # 5 of 50 against 0 of 1,500
-    disputed = EnvRecord({"w": 50, "a": 500, "b": 500, "c": 500}, {"w": 50, "a": 1})
+    disputed = Record({"w": 50, "a": 500, "b": 500, "c": 500}, {"w": 50, "a": 1})
     found = blame(disputed, "w", "e")
     assert not found.worker and found.environment_disputed
     assert binomial_tail(0, 10, 0.5) == 1.0 and binomial_tail(11, 10, 0.5) == 0.0
