@@ -424,7 +424,13 @@ class Validator:
             if verdict.reason == "validator_error":  # the operator's to fix
                 log.error(
                     "this validator failed on a group: refused, not slashed",
-                    extra={"fields": {"worker": verdict.worker, "detail": verdict.detail}},
+                    extra={
+                        "fields": {
+                            "worker": verdict.worker,
+                            "reason": verdict.reason,
+                            "detail": verdict.detail,
+                        }
+                    },
                 )
             elif not verdict.accepted:
                 log.info(

@@ -13,6 +13,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+def refusals(runs: Path) -> str:
+    """The validators' refusals other than staleness, with the statistic that decided each: what
+    a failed run needs said (an honest worker slashed below the pool's minimum stops the run)."""
+    lines = [
+        line
+        for log in sorted(runs.glob("latest/logs/validator*.log"))
+        for line in log.read_text(errors="replace").splitlines()
+        if '"reason"' in line and '"stale_policy"' not in line
+    ]
+    return "\nvalidator refusals:\n" + "\n".join(lines[-20:])
+
+
 @pytest.mark.timeout(600)
 def test_local_run_learns_and_reports(tmp_path: Path) -> None:
     script = Path(sys.executable).parent / "prime-swarm"
@@ -26,7 +38,7 @@ def test_local_run_learns_and_reports(tmp_path: Path) -> None:
         text=True,
         timeout=580,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + refusals(runs)
     assert " reward " in proc.stdout  # the per-step progress table was printed
     latest = runs / "latest"
     summary = json.loads((latest / "summary.json").read_text())
