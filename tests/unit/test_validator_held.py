@@ -7,13 +7,12 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections import defaultdict
-from types import SimpleNamespace
 
 import pytest
 import redis
 import torch
 from lease_answers import answer_lease
+from validator_loop import validator
 
 from prime_swarm.libs.environments import load_env
 from prime_swarm.libs.model.build import init_tiny_model
@@ -23,8 +22,6 @@ from prime_swarm.libs.model.tokenizer import build_tokenizer
 from prime_swarm.libs.policy.store import LoadedPolicy
 from prime_swarm.libs.rollout import calibration
 from prime_swarm.libs.rollout.calibration import Band
-from prime_swarm.libs.rollout.recipe import Recipe
-from prime_swarm.libs.streams.consumer import GroupReader
 from prime_swarm.protocol import streams
 from prime_swarm.protocol.messages import (
     Lease,
@@ -33,7 +30,6 @@ from prime_swarm.protocol.messages import (
     SubmittedRollout,
     Verdict,
 )
-from prime_swarm.services.validator.loop import Validator
 
 WORKER = "0x" + "ab" * 20
 GPU = "cuda-sm90"
@@ -78,32 +74,6 @@ def work(
     sub = answer_lease(weights or policy, sampled, HFBackend("bf16"))
     sub = sub.model_copy(update={"device_class": device_class})
     return SubmittedRollout(submission_id=f"s-{n}", lease=leased, submission=sub)
-
-
-def validator(
-    r: redis.Redis, policy: LoadedPolicy, device_class: str, audit_fraction: float = 0.0
-) -> Validator:
-    """The validator's loop with everything but its chain client and policy downloads."""
-    v = Validator.__new__(Validator)
-    v.r = r
-    v.settings = SimpleNamespace(
-        recipe=Recipe(async_level=2),
-        relays=["http://relay"],
-        reward_tolerance=1e-6,
-        audit_fraction=audit_fraction,
-    )
-    v.reader = GroupReader(
-        r, streams.ROLLOUTS_SUBMITTED, streams.VALIDATOR_GROUP, device_class, SubmittedRollout
-    )
-    v.held_reader = GroupReader(
-        r, streams.ROLLOUTS_HELD, streams.held_group(device_class), device_class, SubmittedRollout
-    )
-    v.queue = SimpleNamespace(key="validator:1:chain_queue")
-    v.counts = defaultdict(int)
-    v.device_class = device_class
-    v.account = SimpleNamespace(address="0x" + "22" * 20)
-    v.store = SimpleNamespace(get=lambda version, relays: policy)  # downloads tested elsewhere
-    return v
 
 
 def verdicts(r: redis.Redis) -> list[Verdict]:
