@@ -44,9 +44,9 @@ from prime_swarm.libs.model.backend import make_backend
 from prime_swarm.libs.model.causal_lm import CausalLM
 from prime_swarm.libs.model.hardware import device_class
 from prime_swarm.libs.policy.store import LoadedPolicy
+from prime_swarm.libs.rollout import verify
 from prime_swarm.libs.rollout.sampling_record import MARGINAL_Z
 from prime_swarm.protocol.messages import SubmittedRollout
-from prime_swarm.services.validator.loop import NOT_SLASHED
 
 MAX_NEW_TOKENS = 48
 ATTACKS = [*WEIGHT_ATTACKS, "older_policy_version", "sampling_ignores_seed", "wrong_temperature"]
@@ -217,7 +217,7 @@ def judge(cfg: dict) -> None:
             for at in range(0, len(mine), 4):
                 chunk = mine[at : at + 4]
                 for (final, j), e in zip(v.judge(chunk), chunk, strict=True):
-                    if final == "reject" and j.refusal and j.refusal.reason in NOT_SLASHED:
+                    if final == "reject" and j.refusal and j.refusal.reason in verify.NOT_SLASHED:
                         final = j.refusal.reason  # refused, never slashed: not the worker's doing
                     outcomes[final] = outcomes.get(final, 0) + 1
                     if final == "held":
@@ -233,7 +233,9 @@ def judge(cfg: dict) -> None:
                 "accepted": outcomes.get("accept", 0),
                 "held": outcomes.get("held", 0),
                 "slashed": outcomes.get("reject", 0),
-                "refused_not_slashed": {k: n for k, n in outcomes.items() if k in NOT_SLASHED},
+                "refused_not_slashed": {
+                    k: n for k, n in outcomes.items() if k in verify.NOT_SLASHED
+                },
                 "marked": marked,
                 **stats.quantiles(),
                 "refusals": why[:5],

@@ -52,6 +52,26 @@ from .calibration import Acceptance, acceptance_for
 from .episode import Limits, replay_turns
 from .recompute import Recomputed, decode_logits, recompute
 
+# Which refusals slash: every one but these. Staleness at validation time can be the queue's
+# fault, not the worker's; held work awaits a second opinion, or the operator's fix of an
+# environment that disagrees with itself: refused for now, never slashed. A duplicate is refused
+# (the pool has that group already) but not slashed: where prompts recur (a finite train set,
+# live selection) a confident policy's honest group can equal another lease's token for token at
+# the same version (seen in the e2e run at 8 threads), and a copier earns nothing from the
+# refusal either. The validator's own failure on a group is its own fault (bench-stacks found
+# torch 2.13's bf16 attention refusing a validator capped to AVX2 kernels on an AMX CPU:
+# "pack_vnni2 is only supported when avx512 is supported").
+NOT_SLASHED: frozenset[str] = frozenset(
+    {
+        "stale_policy",
+        "held_for_recheck",
+        "env_nondeterministic",
+        "env_unsettled",
+        "duplicate",
+        "validator_error",
+    }
+)
+
 
 # --------------------------------------------------------------------------- recomputation
 @dataclass

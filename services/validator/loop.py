@@ -46,22 +46,6 @@ from .settings import ValidatorSettings
 
 log = logging.getLogger("validator")
 
-# Staleness at validation time can be the queue's fault, not the worker's; held work awaits a
-# second opinion, or the operator's fix of an environment that disagrees with itself: refused for
-# now, never slashed. A duplicate is refused (the pool has that group already) but not slashed:
-# where prompts recur (a finite train set, live selection) a confident policy's honest group can
-# equal another lease's token for token at the same version (seen in the e2e run at 8 threads),
-# and a copier earns nothing from the refusal either. The validator's own failure on a group is
-# its own fault (bench-stacks found torch 2.13's bf16 attention refusing a validator capped to
-# AVX2 kernels on an AMX CPU: "pack_vnni2 is only supported when avx512 is supported").
-NOT_SLASHED = {
-    "stale_policy",
-    "held_for_recheck",
-    "env_nondeterministic",
-    "env_unsettled",
-    "duplicate",
-    "validator_error",
-}
 SEEN_TTL_S = 7 * 24 * 3600
 ENV_RECORD_TTL_S = 7 * 24 * 3600  # refreshed by every group judged: an environment in use
 # Verdicts that say the environment's tokens replayed (accepted) or did not (refused on them):
@@ -400,7 +384,7 @@ class Validator:
                 pipe.xadd(streams.ROLLOUTS_REJECTED, streams.encode(verdict))
                 action = (
                     None
-                    if verdict.reason in NOT_SLASHED
+                    if verdict.reason in verify.NOT_SLASHED
                     else ChainAction("slash", verdict.worker, work_id, reason=str(verdict.reason))
                 )
             if action is not None:

@@ -35,7 +35,6 @@ from prime_swarm.protocol.messages import (
     SubmittedRollout,
     VerifiedCompletion,
 )
-from prime_swarm.services.validator.loop import NOT_SLASHED
 
 WORKER = "0x" + "ab" * 20
 GROUP, MAX_NEW = 4, 8
@@ -323,7 +322,7 @@ def test_the_validators_own_failure_is_refused_and_never_slashed(
     assert decision.action == "reject" and decision.refusal is not None
     assert decision.refusal.reason == "validator_error"
     assert "pack_vnni2" in decision.refusal.detail
-    assert "validator_error" in NOT_SLASHED
+    assert "validator_error" in verify.NOT_SLASHED
 
 
 def test_an_uncalibrated_backend_is_refused(
