@@ -4,18 +4,19 @@ against its peers'.
 One group's replay z is judged against its engine's honest band (calibration.py). vLLM's
 kernels round otherwise than the validator's transformers path, so its band accepts up to 20,
 and a worker that samples colder than its lease (T 0.6 for 1.0) trails the seeded choice by
-z 14.8-43 on SmolLM2 (8 of 8 groups over 10; bench.stacks' probe, 2026-12-03): inside the band
-at times, so such a group can be accepted on its own. Honest groups seldom sit there: vLLM's
-reached z 6.6 in 20 SmolLM2 groups (bench/results/stacks.json) and 16.0 in 1,000 multi-turn
-ones (bench/results/toploc.json), while every cold group of the probe was over 10.
+z 14.8-43 on SmolLM2 (8 vLLM groups probed, 2026-12-03): inside the band at times, so such
+a group can be accepted on its own (7 of 32 in bench/results/stacks.json, every one of them
+over z 10). Honest groups seldom sit there: none of the 2,016 honest judgements of that run was over 10 (the game's largest 8.9,
+vLLM's SmolLM2 6.6 the run before), and vLLM's largest in 1,000 multi-turn groups was 16.0
+(bench/results/toploc.json).
 
 So an accepted group whose z is over `MARGINAL_Z` is marked, and the pool keeps each worker's
 marks per engine and device class (protocol/sampling_records.py). A marked group is rejected,
-and slashed, once the worker's marks are implausible at its peers' rate (pool_rates.py; at
-`PRIOR_RATE`, ten times the highest honest rate measured, while fewer than three peers
-witness the rate). An honest worker is not blamed for its engine's rounding: its peers on that
-engine round alike. A cold worker is paid for its first few marked groups (five at the prior
-rate) and slashed for every one after.
+and slashed, once the worker's marks are implausible at its peers' rate (pool_rates.py), or
+at `PRIOR_RATE` while fewer than three peers witness the rate: five times any honest rate
+measured (under 1 % wherever measured; vLLM's multi-turn p99 was z 9.7). An honest worker is
+not blamed for its engine's rounding: its peers on that engine round alike. A cold worker is
+paid for its first few marked groups (five at the prior rate) and slashed for every one after.
 """
 
 from __future__ import annotations
