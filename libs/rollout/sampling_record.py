@@ -6,9 +6,9 @@ kernels round otherwise than the validator's transformers path, so its band acce
 and a worker that samples colder than its lease (T 0.6 for 1.0) trails the seeded choice by
 z 14.8-43 on SmolLM2 (8 vLLM groups probed, 2026-12-03): inside the band at times, so such
 a group can be accepted on its own (7 of 32 in bench/results/stacks.json, every one of them
-over z 10). Honest groups seldom sit there: none of the 2,016 honest judgements of that run was over 10 (the game's largest 8.9,
-vLLM's SmolLM2 6.6 the run before), and vLLM's largest in 1,000 multi-turn groups was 16.0
-(bench/results/toploc.json).
+over z 10). Honest groups seldom sit there: none of the 2,016 honest judgements of that run
+was over 10 (the game's largest 8.9, vLLM's SmolLM2 6.6 the run before), and vLLM's largest
+in 1,000 multi-turn groups was 16.0 (bench/results/toploc.json).
 
 So an accepted group whose z is over `MARGINAL_Z` is marked, and the pool keeps each worker's
 marks per engine and device class (protocol/sampling_records.py). A marked group is rejected,
