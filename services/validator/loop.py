@@ -233,19 +233,26 @@ class Validator:
         if versions and current >= 0:
             metrics.VERSION_LAG.set(current - sum(versions) / len(versions))
 
+    def _record_with(self, groups_key: str, marked_key: str, worker: str) -> Record:
+        """A record across workers as the pool's validators keep it, with this group counted
+        in `worker`'s groups and marks, as the commit will count it."""
+        groups, marked = (
+            {k.decode(): int(v) for k, v in self.r.hgetall(key).items()}
+            for key in (groups_key, marked_key)
+        )
+        groups[worker] = groups.get(worker, 0) + 1
+        marked[worker] = marked.get(worker, 0) + 1
+        return Record(groups, marked)
+
     def _blame_environment(self, msg: SubmittedRollout, d: verify.Decision) -> verify.Decision:
         """An environment refusal this machine cannot explain: slashed only if the pool's record
         of the environment across workers says it is the worker's doing, else held."""
         env, worker = msg.lease.env, msg.submission.worker
         key = env_key(env, args_key(msg.lease.env_args))
-        groups, mismatches = (
-            {k.decode(): int(v) for k, v in self.r.hgetall(template.format(env=key)).items()}
-            for template in (ENV_GROUPS, ENV_MISMATCHES)
+        record = self._record_with(
+            ENV_GROUPS.format(env=key), ENV_MISMATCHES.format(env=key), worker
         )
-        # This group counted, as the commit will count it.
-        groups[worker] = groups.get(worker, 0) + 1
-        mismatches[worker] = mismatches.get(worker, 0) + 1
-        found = env_disputes.blame(Record(groups, mismatches), worker, env)
+        found = env_disputes.blame(record, worker, env)
         fields = {"env": env, "worker": worker, "detail": found.detail}
         if found.worker:
             log.warning("environment tokens forged", extra={"fields": fields})
@@ -266,14 +273,10 @@ class Validator:
             return d
         sub = msg.submission
         kind = sampling_kind(sub.backend, sub.device_class)
-        groups, marked = (
-            {k.decode(): int(v) for k, v in self.r.hgetall(template.format(kind=kind)).items()}
-            for template in (SAMPLING_GROUPS, SAMPLING_MARKED)
+        record = self._record_with(
+            SAMPLING_GROUPS.format(kind=kind), SAMPLING_MARKED.format(kind=kind), sub.worker
         )
-        # This group counted, as the commit will count it.
-        groups[sub.worker] = groups.get(sub.worker, 0) + 1
-        marked[sub.worker] = marked.get(sub.worker, 0) + 1
-        weighed = sampling_record.weigh(d, Record(groups, marked), sub.worker)
+        weighed = sampling_record.weigh(d, record, sub.worker)
         if weighed.action == "reject" and weighed.refusal is not None:
             fields = {"worker": sub.worker, "kind": kind, "detail": weighed.refusal.detail}
             log.warning("sampling off the lease, group after group", extra={"fields": fields})
