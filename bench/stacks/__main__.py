@@ -72,6 +72,14 @@ WORKERS: dict[str, dict] = {
         "env": {"OMP_NUM_THREADS": "2"},
         "venv": {"python": "3.13", "torch": "torch==2.14.1"},
     },
+    # The worker image `make images` builds (Debian bookworm's Python 3.11.2, the wheelhouse's
+    # install of the worker extra, the image's own environment), run by the Docker engine with no
+    # network; this checkout is mounted for the bench's own modules and the prepared models. The
+    # wheelhouse resolves transformers afresh (5.24.0 on 2026-12-03): worker_seen_as says which.
+    "image-worker-py3.11.2-hf-bf16-native-2t": {
+        "env": {"OMP_NUM_THREADS": "2"},
+        "image": "prime-swarm-worker:local",
+    },
 }
 VALIDATORS: dict[str, dict] = {
     # AVX2 kernels in torch and oneDNN both, as above: with only torch's capped, every python-tool
@@ -82,9 +90,6 @@ VALIDATORS: dict[str, dict] = {
     "validator-py3.11-native-2t-eager": {"env": {"OMP_NUM_THREADS": "2"}, "attention": "eager"},
 }
 NOT_BUILT = {
-    "the worker image": "needs the Docker engine and `make images` (a debootstrap base and a "
-    "wheelhouse, about 15 minutes here); the image runs the same pip install as a venv stack, "
-    "so it is left to that target and not run in this bench yet.",
     "a CUDA worker": "no device machine was lent to this task.",
 }
 
@@ -140,6 +145,22 @@ def overlay(specs: list[str]) -> Path:
     return where
 
 
+def in_image(stack: dict) -> list[str]:
+    """`docker run` of the stack's image up to its interpreter: no network, this checkout at its
+    own path (the bench's modules, the prepared models, the entries), root inside so that the
+    entries it writes are the host's to remove. The checkout is the package's folder, not one named
+    prime_swarm, so `prime_swarm` is still the image's own install."""
+    image = stack["image"]
+    if subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode:
+        raise SystemExit(f"no image {image} here: `make images` builds it")
+    env = {**stack.get("env", {}), "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    return [
+        "docker", "run", "--rm", "--network", "none", "--user", "0:0",
+        "--entrypoint", "python", "-v", f"{REPO}:{REPO}", "-w", str(REPO),
+        *[a for k, v in env.items() for a in ("-e", f"{k}={v}")], image,
+    ]  # fmt: skip
+
+
 def run_side(role: str, name: str, stack: dict, cfg: dict) -> dict:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **stack.get("env", {})}
     python = sys.executable
@@ -152,14 +173,11 @@ def run_side(role: str, name: str, stack: dict, cfg: dict) -> dict:
     full = {"stack": name, **own, **cfg}
     full.setdefault("engine", "hf")
     full.setdefault("precision", "bf16")
+    argv = [python, "-m", "bench.stacks.side", role, json.dumps(full)]
+    if "image" in stack:
+        argv = [*in_image(stack), *argv[1:]]
     started = time.monotonic()
-    done = subprocess.run(
-        [python, "-m", "bench.stacks.side", role, json.dumps(full)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{role} {name} failed:\n{done.stderr[-3000:]}")
     last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "{}"
@@ -211,9 +229,14 @@ def main() -> None:
     for old in work.glob("*"):
         if not (args.resume and (old.suffix == ".done" or old.with_suffix(".done").exists())):
             old.unlink()
-    # The game's policy is trained once, here, so that every stack loads the same weights.
+    # The game's policy is trained once, here, so that every stack loads the same weights, and
+    # SmolLM2 imported from its GGUF once (the worker image has no GGUF reader).
+    prepare = (
+        "from bench.stacks.side import CACHE, game_policy; "
+        "from prime_swarm.libs.model.gguf_import import smollm2_dir; "
+    )
     subprocess.run(
-        [sys.executable, "-c", "from bench.stacks.side import game_policy; game_policy()"],
+        [sys.executable, "-c", prepare + "game_policy(); smollm2_dir(CACHE)"],
         cwd=REPO,
         check=True,
     )
