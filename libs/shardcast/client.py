@@ -10,7 +10,9 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -446,17 +448,26 @@ one direct write)."""
 
 
 def _patch_through(
-    src: int, out: OutputFile, changes: delta.Changes, size: int, piece: int = REBUILD_PIECE
+    src: int,
+    out: OutputFile,
+    changes: delta.Changes,
+    size: int,
+    piece: int = REBUILD_PIECE,
+    workers: int | None = None,
 ) -> str:
-    """Stream the parent through one reused, page-aligned buffer: read a piece, patch it, hash
-    it, write it (`OutputFile`: direct). A rebuild touches no memory of the file's size; first
+    """Stream the parent through a few reused, page-aligned buffers: read a piece and patch it
+    (on `workers` threads, pieces ahead of the writer), then hash it and write it in order
+    (`OutputFile`: direct). sha256 is sequential, so the hash runs on one core while the patches,
+    which dominate, spread over the rest. A rebuild touches no memory of the file's size; first
     touches of fresh memory, in a mapping or the page cache, were most of its cost."""
-    buf = mmap.mmap(-1, piece)
-    view = memoryview(buf)
+    workers = workers or len(os.sched_getaffinity(0))
+    depth = 2 * workers  # pieces in flight: enough to keep every thread busy
+    spare = [mmap.mmap(-1, piece) for _ in range(depth)]
     digest = hashlib.sha256()
-    try:
-        for offset in range(0, size, piece):
-            n = min(piece, size - offset)
+
+    def patched(buf: mmap.mmap, offset: int, n: int) -> None:
+        view = memoryview(buf)
+        try:
             if os.preadv(src, [view[:n]], offset) != n:
                 raise delta.DeltaError("the held parent file is short")
             # Read once, and the new version replaces it: its cached pages go back now, to be
@@ -465,11 +476,37 @@ def _patch_through(
             if n % 2:  # only the last piece: pad to a whole word
                 view[n] = 0
             changes.patch(view[: n + n % 2], offset)
-            digest.update(view[:n])
-            out.write_at(view[:n], offset)
+        finally:
+            view.release()
+
+    def finish(job: tuple[mmap.mmap, int, int, Future[None]]) -> None:
+        buf, offset, n, done = job
+        try:
+            done.result()
+            with memoryview(buf) as view:
+                digest.update(view[:n])
+                out.write_at(view[:n], offset)
+        finally:
+            spare.append(buf)
+
+    jobs: deque[tuple[mmap.mmap, int, int, Future[None]]] = deque()
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            try:
+                for offset in range(0, size, piece):
+                    if not spare:
+                        finish(jobs.popleft())
+                    buf, n = spare.pop(), min(piece, size - offset)
+                    jobs.append((buf, offset, n, pool.submit(patched, buf, offset, n)))
+                while jobs:
+                    finish(jobs.popleft())
+            finally:
+                for job in jobs:  # a failure: let the pieces in flight end before unmapping
+                    job[3].cancel()
+                    spare.append(job[0])
     finally:
-        view.release()
-        buf.close()
+        for buf in spare:
+            buf.close()
     return digest.hexdigest()
 
 

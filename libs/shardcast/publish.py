@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
+import mmap
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -67,7 +68,7 @@ def publish_version(
     model_dir = Path(model_dir)
     with tempfile.TemporaryDirectory(prefix="prime-swarm-deltas-") as scratch:
         # Hashing the files and encoding the deltas both read every byte and both release the
-        # GIL (hashlib, numpy, zlib): side by side they take the time of the longer one, and
+        # GIL (hashlib, numpy, zstd): side by side they take the time of the longer one, and
         # the manifest, which every download waits for, exists sooner.
         with ThreadPoolExecutor(max_workers=2) as ex:
             building = ex.submit(
@@ -96,10 +97,12 @@ def publish_version(
 
 
 def encode_deltas(
-    model_dir: Path, parent_dir: Path, scratch: Path, shard_size: int
+    model_dir: Path, parent_dir: Path, scratch: Path, shard_size: int, workers: int | None = None
 ) -> list[FileDelta]:
     """A delta for each file of `model_dir` that changed from `parent_dir`'s and kept its
-    length, written to `scratch` as `<name>.delta`."""
+    length, written to `scratch` as `<name>.delta`. Files are read a piece at a time, never
+    whole: a shard file of several GB costs a few pieces of memory, not twice its size."""
+    workers = workers or len(os.sched_getaffinity(0))
     names = {p.name for p in model_dir.iterdir() if p.is_file()}
     offered = []
     for fname in sorted(names):
@@ -108,24 +111,36 @@ def encode_deltas(
         size = new_file.stat().st_size
         if name in names or not parent_file.is_file() or parent_file.stat().st_size != size:
             continue
-        old = parent_file.read_bytes()
-        new = new_file.read_bytes()
-        if old == new:
-            continue  # unchanged: the origin, relays and clients link it from the parent
-        estimate = delta.changed_share(old, new) * delta.BYTES_PER_CHANGED_WORD / 2
-        if estimate > DELTA_MAX_FRACTION:
+        if _sampled_share(parent_file, new_file) * delta.BYTES_PER_CHANGED_WORD / 2 > (
+            DELTA_MAX_FRACTION
+        ):
             continue  # most words changed (fp32 after a large step): not worth encoding
-        # The parent's hash beside the encode (hashlib releases the GIL): both are on the path
-        # to the manifest.
-        with ThreadPoolExecutor(max_workers=1) as ex:
-            parent_sha = ex.submit(lambda b=old: hashlib.sha256(b).hexdigest())
-            body = delta.encode(old, new)
-            if body is None or len(body) > DELTA_MAX_FRACTION * size:
-                continue
-            (scratch / name).write_bytes(body)
-            entry = hash_file(scratch / name, name, shard_size)
-            offered.append(FileDelta(name=fname, parent_sha256=parent_sha.result(), delta=entry))
+        body, parent_sha = delta.encode_files(parent_file, new_file, workers)
+        if body is None or delta.changed_words(body) == 0 or len(body) > DELTA_MAX_FRACTION * size:
+            continue  # unchanged files the origin, relays and clients link from the parent
+        (scratch / name).write_bytes(body)
+        entry = hash_file(scratch / name, name, shard_size)
+        offered.append(FileDelta(name=fname, parent_sha256=parent_sha, delta=entry))
     return offered
+
+
+def _sampled_share(parent: Path, new: Path) -> float:
+    """`delta.changed_share` of two files of one length, read through mappings (a few thousand
+    pages, not the files)."""
+    size = new.stat().st_size - new.stat().st_size % 2
+    if size == 0:
+        return 0.0
+    with open(parent, "rb") as a, open(new, "rb") as b:
+        with (
+            mmap.mmap(a.fileno(), 0, access=mmap.ACCESS_READ) as ma,
+            mmap.mmap(b.fileno(), 0, access=mmap.ACCESS_READ) as mb,
+        ):
+            va, vb = memoryview(ma)[:size], memoryview(mb)[:size]
+            try:
+                return delta.changed_share(va, vb)
+            finally:
+                va.release()
+                vb.release()
 
 
 def _upload(

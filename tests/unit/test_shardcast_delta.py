@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import lzma
+import hashlib
+from pathlib import Path
 
 import numpy as np
 import pytest
+import zstandard
 
 from prime_swarm.libs.shardcast import delta
 
 
-def _xz(raw: bytes) -> bytes:
-    return lzma.compress(raw, **delta._XZ)
+def _z(raw: bytes) -> bytes:
+    return zstandard.ZstdCompressor(level=delta.ZSTD_LEVEL).compress(raw)
 
 
 def _sparse_change(size: int, fraction: float, seed: int = 0) -> tuple[bytes, bytes]:
@@ -125,34 +127,34 @@ def test_malformed_deltas_are_refused(mangle) -> None:  # noqa: ANN001
 def test_positions_are_bounded_and_checked() -> None:
     old = bytes(1000)
     header = delta._HEADER
-    plus_one = _xz(delta._varints(np.array([2])))  # zigzag(+1)
+    plus_one = _z(delta._varints(np.array([2])))  # zigzag(+1)
 
     def with_gaps(gaps: bytes, n: int = 1) -> bytes:
         return header.pack(delta.MAGIC, len(old), n, len(gaps), len(plus_one)) + gaps + plus_one
 
-    # A "zip bomb" claiming one change: decompression stops at 5 bytes and is refused.
+    # A "zip bomb" claiming one change: its frame says 10 MB, more than 5 bytes: refused unread.
     with pytest.raises(delta.DeltaError, match="wrong length"):
-        delta.apply(old, with_gaps(_xz(b"\0" * 10_000_000)))
+        delta.apply(old, with_gaps(_z(b"\0" * 10_000_000)))
     # A gap that walks past the end of the file.
     with pytest.raises(delta.DeltaError, match="out of range"):
-        delta.apply(old, with_gaps(_xz(delta._varints(np.array([10_000])))))
+        delta.apply(old, with_gaps(_z(delta._varints(np.array([10_000])))))
     # A varint that never ends, and one longer than five bytes.
     with pytest.raises(delta.DeltaError, match="not 1 varints"):
-        delta.apply(old, with_gaps(_xz(b"\x83\x80")))
-    long_gap = _xz(b"\x81" * 5 + b"\x00" + b"\x01")  # 6 bytes, then 1
-    two = _xz(delta._varints(np.array([2, 2])))
+        delta.apply(old, with_gaps(_z(b"\x83\x80")))
+    long_gap = _z(b"\x81" * 5 + b"\x00" + b"\x01")  # 6 bytes, then 1
+    two = _z(delta._varints(np.array([2, 2])))
     d = header.pack(delta.MAGIC, len(old), 2, len(long_gap), len(two)) + long_gap + two
     with pytest.raises(delta.DeltaError, match="overlong"):
         delta.apply(old, d)
     # A gap of 0 (two changes at one place) and gaps whose sum would overflow.
     with pytest.raises(delta.DeltaError, match="out of range"):
-        delta.apply(old, with_gaps(_xz(delta._varints(np.array([0])))))
-    huge = _xz(delta._varints(np.array([2**34, 2**34])))
+        delta.apply(old, with_gaps(_z(delta._varints(np.array([0])))))
+    huge = _z(delta._varints(np.array([2**34, 2**34])))
     d = header.pack(delta.MAGIC, len(old), 2, len(huge), len(two)) + huge + two
     with pytest.raises(delta.DeltaError, match="out of range"):
         delta.apply(old, d)
     # The same with a gap in range applies: word 2 (bytes 4-5) goes up by one.
-    d = with_gaps(_xz(delta._varints(np.array([3]))))
+    d = with_gaps(_z(delta._varints(np.array([3]))))
     assert delta.apply(old, d) == bytes(4) + b"\1" + bytes(995)
 
 
@@ -184,3 +186,42 @@ def test_small_nudges_cost_about_a_byte_a_change() -> None:
     d = delta.encode(old.tobytes(), new.tobytes())
     assert d is not None and delta.apply(old.tobytes(), d) == new.tobytes()
     assert len(d) < 1.15 * at.size
+
+
+def test_frames_that_hide_their_size_or_carry_more_are_refused() -> None:
+    old = bytes(1000)
+    plus_one = _z(delta._varints(np.array([2])))
+    gap = delta._varints(np.array([3]))
+
+    def with_gaps(gaps: bytes) -> bytes:
+        header = delta._HEADER.pack(delta.MAGIC, len(old), 1, len(gaps), len(plus_one))
+        return header + gaps + plus_one
+
+    unsized = zstandard.ZstdCompressor(write_content_size=False).compressobj()
+    hidden = unsized.compress(gap) + unsized.flush()
+    with pytest.raises(delta.DeltaError, match="wrong length"):
+        delta.apply(old, with_gaps(hidden))
+    with pytest.raises(delta.DeltaError, match="do not decompress"):
+        delta.apply(old, with_gaps(_z(gap) + b"\0"))
+    with pytest.raises(delta.DeltaError, match="not a Zstandard frame"):
+        delta.apply(old, with_gaps(b"\0\0\0"))
+    assert delta.apply(old, with_gaps(_z(gap))) == bytes(4) + b"\1" + bytes(995)
+
+
+def test_threads_and_files_give_the_same_delta(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks encoded on several threads, and two files read a piece at a time (the piece
+    smaller than the file, an odd length at its end), make the bytes of the one-thread encode."""
+    old, new = _sparse_change(3 * delta.BLOCK_BYTES + 1001, 0.02)
+    one = delta.encode(old, new)
+    assert one is not None and delta.encode(old, new, workers=3) == one
+    (tmp_path / "a").write_bytes(old)
+    (tmp_path / "b").write_bytes(new)
+    monkeypatch.setattr(delta, "PIECE_BLOCKS", 2)
+    body, parent_sha = delta.encode_files(tmp_path / "a", tmp_path / "b", workers=2)
+    assert body == one and delta.apply(old, body) == new
+    assert parent_sha == hashlib.sha256(old).hexdigest()
+    assert delta.encode_files(tmp_path / "a", tmp_path / "a")[0] is not None
+    (tmp_path / "c").write_bytes(old + b"x")
+    assert delta.encode_files(tmp_path / "a", tmp_path / "c") == (None, "")
