@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import mmap
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -53,6 +52,7 @@ def publish_version(
     attempts_per_shard: int = 3,
     http: httpx.Client | None = None,
     parent_dir: str | Path | None = None,
+    parent_manifest: Manifest | None = None,
 ) -> SignedManifest:
     """Upload `model_dir` as `version`; returns once the origin lists it as complete.
 
@@ -63,7 +63,8 @@ def publish_version(
 
     With `parent_dir` (the model directory of `parent_version`), every file that changed but
     kept its length is also offered as a lossless delta against the parent's file, when the
-    delta is small enough to be worth a second path (`DELTA_MAX_FRACTION`).
+    delta is small enough to be worth a second path (`DELTA_MAX_FRACTION`). `parent_manifest`
+    (the parent version as it was published) gives the parent files' hashes.
     """
     model_dir = Path(model_dir)
     with tempfile.TemporaryDirectory(prefix="prime-swarm-deltas-") as scratch:
@@ -74,8 +75,20 @@ def publish_version(
             building = ex.submit(
                 build_manifest, model_dir, version, parent_version, shard_size, account.address
             )
+            known = (
+                {f.name: f.sha256 for f in parent_manifest.files}
+                if parent_manifest is not None and parent_manifest.version == parent_version
+                else None
+            )
             encoding = (
-                ex.submit(encode_deltas, model_dir, Path(parent_dir), Path(scratch), shard_size)
+                ex.submit(
+                    encode_deltas,
+                    model_dir,
+                    Path(parent_dir),
+                    Path(scratch),
+                    shard_size,
+                    parent_hashes=known,
+                )
                 if parent_dir is not None and parent_version is not None
                 else None
             )
@@ -97,11 +110,19 @@ def publish_version(
 
 
 def encode_deltas(
-    model_dir: Path, parent_dir: Path, scratch: Path, shard_size: int, workers: int | None = None
+    model_dir: Path,
+    parent_dir: Path,
+    scratch: Path,
+    shard_size: int,
+    workers: int | None = None,
+    parent_hashes: Mapping[str, str] | None = None,
 ) -> list[FileDelta]:
     """A delta for each file of `model_dir` that changed from `parent_dir`'s and kept its
     length, written to `scratch` as `<name>.delta`. Files are read a piece at a time, never
-    whole: a shard file of several GB costs a few pieces of memory, not twice its size."""
+    whole: a shard file of several GB costs a few pieces of memory, not twice its size.
+    `parent_hashes` (file name -> sha256, from the parent's manifest) spares hashing the
+    parent's files again; a wrong one costs nothing but the shortcut, since a follower checks
+    the file it rebuilds against the signed hash of the new one."""
     workers = workers or len(os.sched_getaffinity(0))
     names = {p.name for p in model_dir.iterdir() if p.is_file()}
     offered = []
@@ -115,7 +136,8 @@ def encode_deltas(
             DELTA_MAX_FRACTION
         ):
             continue  # most words changed (fp32 after a large step): not worth encoding
-        body, parent_sha = delta.encode_files(parent_file, new_file, workers)
+        known = (parent_hashes or {}).get(fname)
+        body, parent_sha = delta.encode_files(parent_file, new_file, workers, known)
         if body is None or delta.changed_words(body) == 0 or len(body) > DELTA_MAX_FRACTION * size:
             continue  # unchanged files the origin, relays and clients link from the parent
         (scratch / name).write_bytes(body)
@@ -124,23 +146,18 @@ def encode_deltas(
     return offered
 
 
-def _sampled_share(parent: Path, new: Path) -> float:
-    """`delta.changed_share` of two files of one length, read through mappings (a few thousand
-    pages, not the files)."""
-    size = new.stat().st_size - new.stat().st_size % 2
-    if size == 0:
+def _sampled_share(parent: Path, new: Path, samples: int = 4096) -> float:
+    """`delta.changed_share` of two files of one length, from `samples` words read one by one:
+    a mapping would fault in 64 KiB around each sample, a quarter of a GB of a 1.5 GB pair."""
+    words = new.stat().st_size // 2
+    if words == 0:
         return 0.0
-    with open(parent, "rb") as a, open(new, "rb") as b:
-        with (
-            mmap.mmap(a.fileno(), 0, access=mmap.ACCESS_READ) as ma,
-            mmap.mmap(b.fileno(), 0, access=mmap.ACCESS_READ) as mb,
-        ):
-            va, vb = memoryview(ma)[:size], memoryview(mb)[:size]
-            try:
-                return delta.changed_share(va, vb)
-            finally:
-                va.release()
-                vb.release()
+    step = max(1, words // samples)
+    with open(parent, "rb", buffering=0) as a, open(new, "rb", buffering=0) as b:
+        at = range(0, words * 2, step * 2)
+        old = b"".join(os.pread(a.fileno(), 2, i) for i in at)
+        now = b"".join(os.pread(b.fileno(), 2, i) for i in at)
+    return delta.changed_share(old, now, samples=len(at))
 
 
 def _upload(

@@ -38,7 +38,12 @@ from prime_swarm.libs.streams.consumer import Entry, GroupReader
 from prime_swarm.libs.streams.replication import ReplicaWait, has_replicas
 from prime_swarm.libs.streams.retention import entries_added
 from prime_swarm.protocol import streams
-from prime_swarm.protocol.messages import PolicyAnnouncement, StepProgress, VerifiedRollout
+from prime_swarm.protocol.messages import (
+    Manifest,
+    PolicyAnnouncement,
+    StepProgress,
+    VerifiedRollout,
+)
 from prime_swarm.protocol.trainer_records import DROPPED, TRAINED, TRAINED_BY_STEP
 
 from . import metrics, progress
@@ -85,6 +90,9 @@ class Trainer:
         self._taken: dict[str, int] = {}
         latest = latest_announcement(self.r)
         self._last_published: int | None = latest.version if latest else None
+        # Its manifest once this process has published it: the parent files' hashes for the
+        # next version's deltas (after a restart they are hashed again).
+        self._last_manifest: Manifest | None = None
         # One keep-alive client for every upload: a version a step, each a handful of requests.
         self._origin_http = make_http_client(settings.http_timeout_s)
         if latest is None or latest.version < self.step:
@@ -179,6 +187,7 @@ class Trainer:
                     timeout=self.settings.http_timeout_s,
                     http=self._origin_http,
                     parent_dir=parent_dir,
+                    parent_manifest=self._last_manifest,
                 )
                 break
             except httpx.TransportError as exc:
@@ -195,7 +204,7 @@ class Trainer:
         self.r.xadd(
             streams.POLICY_ANNOUNCEMENTS, streams.encode(ann), maxlen=10_000, approximate=True
         )
-        self._last_published = version
+        self._last_published, self._last_manifest = version, signed.manifest
         metrics.POLICY_VERSION.set(version)
         ckpt.prune(self.root, self.settings.keep_checkpoints)
 

@@ -92,10 +92,16 @@ def test_direct_can_be_turned_off(tmp_path: Path, payload: bytes) -> None:
     assert (tmp_path / "f.bin").read_bytes() == payload
 
 
-@pytest.mark.parametrize("piece", [delta.BLOCK_BYTES, 3 * delta.BLOCK_BYTES])
-def test_a_rebuild_streams_the_parent_through_small_pieces(tmp_path: Path, piece: int) -> None:
-    """`client._patch_through`: parent read, patched, hashed and written a piece at a time;
-    the file and its hash are the new version's whatever the piece size."""
+@pytest.mark.parametrize(
+    ("piece", "workers"),
+    [(delta.BLOCK_BYTES, 1), (delta.BLOCK_BYTES, 3), (3 * delta.BLOCK_BYTES, 2)],
+)
+def test_a_rebuild_streams_the_parent_through_small_pieces(
+    tmp_path: Path, piece: int, workers: int
+) -> None:
+    """`client._patch_through`: parent read and patched a piece at a time on `workers` threads,
+    hashed and written in order; the file and its hash are the new version's whatever the
+    piece size and the threads."""
     rng = np.random.default_rng(3)
     size = 4 * delta.BLOCK_BYTES + 5  # odd, unaligned end
     old = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
@@ -107,7 +113,8 @@ def test_a_rebuild_streams_the_parent_through_small_pieces(tmp_path: Path, piece
     (tmp_path / "parent").write_bytes(old)
     out = OutputFile.create(tmp_path / "new", len(old))
     with open(tmp_path / "parent", "rb", buffering=0) as src:
-        digest = _patch_through(src.fileno(), out, delta.parse(d, len(old)), len(old), piece)
+        changes = delta.parse(d, len(old))
+        digest = _patch_through(src.fileno(), out, changes, len(old), piece, workers)
     out.close()
     assert (tmp_path / "new").read_bytes() == bytes(new)
     assert digest == hashlib.sha256(new).hexdigest()
