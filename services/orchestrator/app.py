@@ -105,8 +105,9 @@ def create_app(settings: OrchestratorSettings) -> FastAPI:
         await redis.aclose()
 
     app = FastAPI(title="Prime Swarm orchestrator", lifespan=lifespan)
-    # Every route takes a JSON body of a few KiB to a few MiB, or none; nothing else is read.
-    app.add_middleware(BodyGuard, max_bytes=settings.max_body_bytes, json_only=True)
+    # Every route takes a JSON body, or none; nothing else is read, and nothing larger than the
+    # recipe's largest honest batch of submissions.
+    app.add_middleware(BodyGuard, max_bytes=settings.body_cap(), json_only=True)
     install_validation_handler(app)
     app.include_router(router)
     app.include_router(status_router)

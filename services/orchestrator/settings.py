@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from prime_swarm.libs.guard.ratelimit import Rate
 from prime_swarm.libs.observability.logs import LogLevel
 from prime_swarm.libs.rollout.recipe import Recipe
+from prime_swarm.libs.rollout.wire import batch_body_bytes
 
 
 class RouteRates(BaseModel):
@@ -166,8 +167,18 @@ class OrchestratorSettings(BaseSettings):
     relay_check_timeout_s: float = Field(
         1.0, gt=0, description="Timeout of one relay health check (GET /healthz)."
     )
-    max_body_bytes: int = Field(
-        4 * 1024 * 1024, ge=1024, description="Largest request body read, whatever the framing."
+    max_body_bytes: int | None = Field(
+        None,
+        ge=1024,
+        description="Largest request body read, whatever the framing. Unset: a signed batch "
+        "of max_open_leases_per_worker submissions at the recipe's largest "
+        "(libs/rollout/wire.py).",
     )
     chain_timeout_s: float = Field(10.0, gt=0, description="Timeout of each chain call.")
     log_level: LogLevel = Field("INFO", description="Log level.")
+
+    def body_cap(self) -> int:
+        """The request body cap: the one set, or what the recipe's largest honest batch takes."""
+        return self.max_body_bytes or batch_body_bytes(
+            self.recipe, self.max_open_leases_per_worker
+        )

@@ -90,7 +90,9 @@ from prime_swarm.protocol.signing import (
 # tests nothing past the limiter. So the limits are raised (the limiter still counts each
 # request), and the chain lookup budget too, because outsiders' cases each cost a lookup.
 _FUZZ_RATE = {"per_second": 10_000.0, "burst": 10_000}
+MAX_BODY_BYTES = 4 * 1024 * 1024  # the orchestrator's body cap in these runs, set below
 ORCHESTRATOR_ENV: dict[str, str] = {
+    "PRIME_ORCH_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
     "PRIME_ORCH_RATE_LIMITS": json.dumps(
         {route: _FUZZ_RATE for route in ("registration", "heartbeat", "lease", "submit")}
     ),
@@ -406,7 +408,6 @@ HOSTILE_KINDS = (
     "vendor_json",
     "no_type",
 )
-MAX_BODY_BYTES = 4 * 1024 * 1024  # the orchestrator's default `max_body_bytes`
 
 
 def _chunks(data: bytes, size: int = 64 * 1024) -> Iterator[bytes]:
