@@ -67,10 +67,15 @@ def submission_bytes(recipe: Recipe) -> int:
     )
 
 
+MIN_BODY_BYTES = 1 << 20
+"""The cap's floor: every other request of the protocol (a registration with its stack and 32
+environment releases, a heartbeat, a lease request) is far below it."""
+
+
 def batch_body_bytes(recipe: Recipe, submissions: int) -> int:
     """A signed batch of `submissions` answered leases, at most: the body cap that lets every
-    honest batch in and nothing much larger."""
-    return submissions * submission_bytes(recipe) + SUBMISSION_FIELDS
+    honest batch in and nothing much larger (never under `MIN_BODY_BYTES`)."""
+    return max(MIN_BODY_BYTES, submissions * submission_bytes(recipe) + SUBMISSION_FIELDS)
 
 
 def entry_bytes(recipe: Recipe) -> int:

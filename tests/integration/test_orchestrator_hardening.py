@@ -141,7 +141,8 @@ def test_chunked_body_over_the_cap_is_413_before_it_is_read(pool: Any) -> None:
             pass  # the server closed the connection on us: it stopped reading
         reply = sock.recv(4096)
     assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
-    # The cap is 4 MiB; the rest is what the kernel's socket buffers absorbed.
+    # The cap is the recipe's widest batch (4.0 MiB here); the rest is what the kernel's socket
+    # buffers absorbed.
     assert sent < offered // 2, f"{sent} bytes accepted before the refusal"
     assert alive(pool)
 

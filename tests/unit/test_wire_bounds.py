@@ -60,8 +60,8 @@ def test_a_batch_fits_its_bound_and_the_bound_is_near_it(
     recipe = Recipe(group_size=group, max_new_tokens=tokens)
     subs = [submission(rng, group, tokens, prompt=512) for _ in range(batch)]
     body = SubmissionBatch(worker=WORKER, pool_id=1, submissions=subs).model_dump_json()
-    bound = wire.batch_body_bytes(recipe, batch)
-    assert len(body) <= bound
+    assert len(body) <= wire.batch_body_bytes(recipe, batch)
+    bound = batch * wire.submission_bytes(recipe)  # the cap without its floor
     # Prompts are counted at the protocol's cap (4,096 tokens) and ids at ten digits (a 152k
     # vocabulary writes six): past the prompts' slack the bound is within 1.6x of the body.
     prompts = batch * (wire.MAX_TOKENS - 512) * wire.TOKEN_ID_BYTES
