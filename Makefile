@@ -17,7 +17,7 @@ ANVIL := .tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 CHART_RENDER := .tools/chart-render
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup up test test-compose test-all images bench bench-rl bench-trainer bench-toploc bench-stacks bench-weights bench-noise bench-shardcast bench-wan bench-orchestrator bench-chain bench-ledger chaos soak hostile fuzz lint fmt clean
+.PHONY: setup up test test-compose test-all images bench bench-rl bench-trainer bench-toploc bench-stacks bench-weights bench-worker bench-noise bench-shardcast bench-wan bench-orchestrator bench-chain bench-ledger chaos soak hostile fuzz lint fmt clean
 
 setup: $(VENV)/.installed $(ANVIL) redis chromium docker-compose $(CHART_RENDER)
 
@@ -157,6 +157,11 @@ bench-stacks: setup
 # hash and copy speed (bench/weights): about 45 GB of disk at 7B, made in .cache/weights.
 bench-weights: setup
 	$(PY) -m bench.weights $(WEIGHTS_ARGS)
+
+# prime-worker's tokens per second against the same engine generating the same leases alone
+# (bench/worker: hf against transformers' generate, vllm against vLLM's LLM.generate).
+bench-worker: setup
+	$(PY) -m bench.worker $(WORKER_ARGS)
 
 bench-toploc: setup $(TOPLOC_REF)/.installed
 	$(PY) -m bench.toploc
