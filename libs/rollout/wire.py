@@ -15,8 +15,7 @@ from __future__ import annotations
 import math
 
 from prime_swarm.libs.rollout.recipe import Recipe
-from prime_swarm.libs.toploc.codec import HEADER_BYTES
-from prime_swarm.libs.toploc.proof import CHUNK_SIZE, TOPK
+from prime_swarm.libs.toploc.codec import CHUNK_SIZE, HEADER_BYTES, TOPK
 
 MAX_TOKENS = 4096
 """A prompt's and a completion's token cap (protocol/messages.py, RolloutSubmission)."""

@@ -30,6 +30,10 @@ import numpy as np
 from .bits import ChunkLayout
 from .gf import P
 
+CHUNK_SIZE = 32
+"""Tokens a proof chunk covers, unless a proof says otherwise in its header."""
+TOPK = 128
+"""Points committed per full chunk, likewise."""
 MAGIC = b"TL"
 VERSION = 1
 HEADER = struct.Struct("<2sBBHHII16s")

@@ -16,12 +16,10 @@ import torch
 from . import gf
 from .batching import Run, Slab, runs_for, slabs
 from .bits import ChunkLayout, canonical, select_topk
-from .codec import ChunkRun, Header, ProofFormatError, decode, encode
+from .codec import CHUNK_SIZE, TOPK, ChunkRun, Header, ProofFormatError, decode, encode
 from .context import DIGEST_BYTES, ProofContext, chunk_keys, key_base, value_mask
 from .verdict import ChunkStats, Thresholds, VerifyResult, compare_rows
 
-CHUNK_SIZE = 32
-TOPK = 128
 _MODULUS_BLOCK = 64
 
 
