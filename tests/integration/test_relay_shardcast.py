@@ -5,6 +5,7 @@ Every server is a real `prime-relay` uvicorn process on a free 127.0.0.1 port.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -469,3 +470,18 @@ def test_no_delta_where_it_would_not_pay(work: Path) -> None:
     assert encode_deltas(v51, v50, work, SHARD) == []
     grown = _model(work, "model_v52", 100_001)  # another length: no delta applies
     assert encode_deltas(grown, v50, work, SHARD) == []
+
+
+def test_a_delta_names_its_parent_by_the_hash_the_trainer_holds(work: Path) -> None:
+    """The parent's hash comes from its manifest when the trainer passes it (no second pass
+    over the parent), and is the file's own otherwise."""
+    v60 = _model(work, "model_v60", 100_000)
+    v61 = work / "model_v61"
+    _rl_step(v60, v61, 0.01, seed=61)
+    (scratch := work / "deltas_v61").mkdir()
+    (offered,) = encode_deltas(v61, v60, scratch, SHARD)
+    real = hashlib.sha256((v60 / offered.name).read_bytes()).hexdigest()
+    assert offered.parent_sha256 == real
+    (again := work / "deltas_v61_known").mkdir()
+    (known,) = encode_deltas(v61, v60, again, SHARD, parent_hashes={offered.name: "ab" * 32})
+    assert known.parent_sha256 == "ab" * 32 and known.delta.sha256 == offered.delta.sha256
