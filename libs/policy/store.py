@@ -21,7 +21,7 @@ from prime_swarm.libs.model.io import load_pretrained, load_weights_like
 from prime_swarm.libs.shardcast.client import HeldFiles, download_version, fetch_manifest
 from prime_swarm.libs.shardcast.errors import NotAvailableError
 from prime_swarm.libs.shardcast.relays import RelayPool
-from prime_swarm.protocol.messages import Manifest, SignedManifest
+from prime_swarm.protocol.messages import Manifest
 
 log = logging.getLogger("policy")
 RELAY_EVENT_LEVELS = {"ok": logging.DEBUG, "miss": logging.INFO}
@@ -51,12 +51,19 @@ class PolicyStore:
         timeout_s: float = 60.0,
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
+        keep_loaded: int | None = None,
     ) -> None:
+        """`keep` versions stay on disk (parents of the next deltas), `keep_loaded` (default:
+        `keep`) of them in memory: a validator checks work of several versions at once; a worker
+        generates with one, and each further model it held was a copy of the weights (14 GB at
+        7B in bf16)."""
         self.cache_dir, self.trusted_trainer = Path(cache_dir), trusted_trainer
         self.keep, self.timeout_s = keep, timeout_s
+        self.keep_loaded = min(keep, keep_loaded or keep)
         self.dtype, self.device = dtype, device
         self._loaded: OrderedDict[int, LoadedPolicy] = OrderedDict()
-        self._downloaded: dict[int, SignedManifest] = {}  # verified on disk, not yet loaded
+        # Verified on disk and not loaded: not yet, or no longer.
+        self._downloaded: dict[int, Manifest] = {}
         self._lock = threading.Lock()
         self._relays: RelayPool | None = None
         self._fetching: threading.Thread | None = None
@@ -109,14 +116,14 @@ class PolicyStore:
         except Exception as exc:
             raise PolicyError(f"could not fetch policy v{version}: {exc}") from exc
         with self._lock:
-            self._downloaded[version] = signed
+            self._downloaded[version] = signed.manifest
             self._not_yet.discard(version)
 
     def _held_files(self, version: int) -> HeldFiles | None:
         """The newest version on disk before `version`: its unchanged files are linked, not
         fetched again."""
         with self._lock:
-            on_disk = {v: s.manifest for v, s in self._downloaded.items()} | {
+            on_disk = dict(self._downloaded) | {
                 v: p.manifest for v, p in self._loaded.items() if p.manifest is not None
             }
         older = [v for v in on_disk if v < version]
@@ -190,7 +197,7 @@ class PolicyStore:
             busy.join()  # never two downloads into one version's directory
         self.download(version, relays, progress)
         with self._lock:
-            signed = self._downloaded.pop(version)
+            manifest = self._downloaded.pop(version)
         target = self.cache_dir / f"v{version}"
         try:
             held = self.latest_loaded()
@@ -199,18 +206,23 @@ class PolicyStore:
             )
         except (OSError, ValueError) as exc:
             raise PolicyError(f"policy v{version} does not load: {exc}") from exc
-        policy = LoadedPolicy(version, signed.manifest.model_hash, lm, signed.manifest)
+        policy = LoadedPolicy(version, manifest.model_hash, lm, manifest)
         with self._lock:
             self._loaded[version] = policy
-            while len(self._loaded) > self.keep:
-                old, _ = self._loaded.popitem(last=False)
+            self._loaded.move_to_end(version)
+            # Out of memory beyond `keep_loaded` (work still being proved holds its model
+            # until it is done), still on disk.
+            while len(self._loaded) > self.keep_loaded:
+                old, gone = self._loaded.popitem(last=False)
+                if gone.manifest is not None:
+                    self._downloaded[old] = gone.manifest
+            # On disk: every loaded version, and the newest of the rest (parents of the next
+            # deltas, or versions downloaded ahead) up to `keep` in all. A version downloaded
+            # but skipped, because a newer one was loaded first, goes once enough newer ones are.
+            room = max(0, self.keep - len(self._loaded))
+            for old in sorted(self._downloaded, reverse=True)[room:]:
+                del self._downloaded[old]
                 shutil.rmtree(self.cache_dir / f"v{old}", ignore_errors=True)
-            # Versions downloaded but skipped (a newer one was loaded first) older than every
-            # loaded one are never used: they go too.
-            oldest = min(self._loaded)
-            for skipped in [v for v in self._downloaded if v < oldest]:
-                del self._downloaded[skipped]
-                shutil.rmtree(self.cache_dir / f"v{skipped}", ignore_errors=True)
         log.info("policy loaded", extra={"fields": {"version": version}})
         return policy
 

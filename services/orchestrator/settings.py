@@ -179,6 +179,4 @@ class OrchestratorSettings(BaseSettings):
 
     def body_cap(self) -> int:
         """The request body cap: the one set, or what the recipe's largest honest batch takes."""
-        return self.max_body_bytes or batch_body_bytes(
-            self.recipe, self.max_open_leases_per_worker
-        )
+        return self.max_body_bytes or batch_body_bytes(self.recipe, self.max_open_leases_per_worker)

@@ -116,6 +116,7 @@ class Worker:
                 self.settings.cache_dir / normal_address(self.account.address),
                 self.trusted_trainer,
                 keep=self.settings.keep_versions,
+                keep_loaded=1,  # one model in memory: it generates with one version at a time
                 timeout_s=self.settings.http_timeout_s * 4,
                 dtype=PRECISIONS[self.settings.precision],
                 device=self.settings.device,

@@ -85,7 +85,11 @@ class WorkerSettings(WorkerChainSettings):
         description="How long an unreachable orchestrator is waited out, with backoff, before "
         "the worker gives up.",
     )
-    keep_versions: int = Field(3, ge=1, description="Policy versions kept in the cache.")
+    keep_versions: int = Field(
+        3,
+        ge=1,
+        description="Policy versions kept on disk (parents of the next deltas); one is in memory.",
+    )
     progress: bool = Field(True, description="Show download progress bars.")
     metrics_host: str = Field("127.0.0.1", description="Interface for /healthz and /metrics.")
     metrics_port: int = Field(0, description="Port for /healthz and /metrics (0: disabled).")

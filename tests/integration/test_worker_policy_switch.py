@@ -145,3 +145,43 @@ def test_a_worker_generates_on_while_the_next_version_downloads_then_switches(
         assert not any("/v1/versions/2/files/model.safetensors/" in p for p in asked)
     finally:
         link.close()
+
+
+def test_a_worker_holds_one_model_and_keeps_the_parents_on_disk(
+    tmp_path: Path, origin: RelayProcess, trainer: LocalAccount
+) -> None:
+    """Three versions in a row through the worker's store: one model in memory at a time, the
+    older versions' files kept on disk (the parent of each next delta) up to `keep_versions`,
+    and a version put out of memory loads again from disk without a download."""
+    versions = [build_tiny_model(3, tmp_path / "v1")]
+    for v in (2, 3):
+        _rl_step(versions[-1], tmp_path / f"v{v}")
+        versions.append(tmp_path / f"v{v}")
+    signed = [publish_version(origin.url, versions[0], 1, None, trainer, timeout=20)]
+    for v in (2, 3):
+        signed.append(
+            publish_version(
+                origin.url, versions[v - 1], v, v - 1, trainer, timeout=20,
+                parent_dir=versions[v - 2],
+            )
+        )  # fmt: skip
+    settings = WorkerSettings(
+        pool_id=1, ledger_address="0x" + "00" * 20, cache_dir=tmp_path / "cache",
+        precision="fp32", progress=False, http_timeout_s=10, keep_versions=2,
+    )  # fmt: skip
+    worker = Worker(settings, Account.create(), None, "http://127.0.0.1:1", trainer.address)  # type: ignore[arg-type]
+    for s in signed:
+        worker.policy_info = _info(s, origin.url, min_version=s.manifest.version)
+        held = worker._current_policy()
+        assert held is not None and held.version == s.manifest.version
+    store = worker.store
+    assert store is not None and list(store._loaded) == [3]
+    cached = sorted(p.name for p in store.cache_dir.iterdir() if p.name.startswith("v"))
+    assert cached == ["v2", "v3"]  # v1 went: two versions on disk, one in memory
+    assert store.is_downloaded(2)
+    again = store.get(2, [])  # no relay to ask: it comes from disk
+    assert again.version == 2 and list(store._loaded) == [2]
+    assert sorted(p.name for p in store.cache_dir.iterdir() if p.name.startswith("v")) == [
+        "v2",
+        "v3",
+    ]
