@@ -77,7 +77,9 @@ WORKERS: dict[str, dict] = {
     # network; this checkout is mounted for the bench's own modules and the prepared models. The
     # wheelhouse resolves transformers afresh (5.24.0 on 2026-12-03): worker_seen_as says which.
     "image-worker-py3.11.2-hf-bf16-native-2t": {
-        "env": {"OMP_NUM_THREADS": "2"},
+        # The image sets both to 1, and torch takes MKL's too: run on 2026-12-03 with only
+        # OMP_NUM_THREADS given, it ran one thread (worker_seen_as).
+        "env": {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"},
         "image": "prime-swarm-worker:local",
     },
 }
