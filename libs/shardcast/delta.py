@@ -55,7 +55,7 @@ _HEADER = struct.Struct("<4sQQQQ")
 WORD = np.dtype("<u2")
 BLOCK_WORDS = 1 << 21
 """Words ordered together (4 MiB): a rebuild patches the parent a whole block at a time, and a
-block's order costs one radix sort of its 8-bit keys."""
+block's order costs a pass over its words (`_ranks_of_changes`, `_patch_block`)."""
 BLOCK_BYTES = BLOCK_WORDS * WORD.itemsize
 ZSTD_LEVEL = 3
 """Measured on SmolLM2's two streams (15.3 MB of varints): level 3 5.39 MB in 0.06 s, 9 5.27 MB
@@ -133,6 +133,7 @@ def encode_files(
 def _piece_changes(
     pool: ThreadPoolExecutor, old_w: np.ndarray, new_w: np.ndarray, offset: int
 ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The changes of a piece's blocks, a block a thread, in file order."""
     first = offset // WORD.itemsize
     return list(
         pool.map(
