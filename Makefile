@@ -154,7 +154,8 @@ bench-stacks: setup
 	$(PY) -m bench.stacks $(STACKS_ARGS)
 
 # Every stage of a version's weight path at SmolLM2, 1.5B and 7B sizes against this machine's own
-# hash and copy speed (bench/weights): about 45 GB of disk at 7B, made in .cache/weights.
+# hash and copy speed (bench/weights): about 45 GB of disk at 7B in .cache/weights, removed after
+# the run unless WEIGHTS_ARGS=--keep.
 bench-weights: setup
 	$(PY) -m bench.weights $(WEIGHTS_ARGS)
 

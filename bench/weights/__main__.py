@@ -4,6 +4,8 @@ same run), with peak memory against the version's largest file; bench/results/we
 
     .venv/bin/python -m bench.weights [--sizes smollm2,1.5b,7b] [--keep]
 
+The versions are made afresh each run and removed after it (30 GB at 7B) unless --keep.
+
 Sizes: SmolLM2-135M-Instruct and Qwen2's 1.5B and 7B shapes (bench/weights/shapes.py says how
 their weights and their next version are made). Each stage runs as a process of its own
 (bench/weights/stage.py), so its CPU time (every thread's, user and system) and its peak
@@ -79,6 +81,7 @@ def measure(size: str, keep: bool) -> dict:
     made_s = time.perf_counter() - t0
     files = sorted(v2.glob("*.safetensors"))
     largest = max(f.stat().st_size for f in files)
+    version_bytes = sum(f.stat().st_size for f in files)
     scratch = CACHE / "weights" / f"{size}-scratch"
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
@@ -106,9 +109,11 @@ def measure(size: str, keep: bool) -> dict:
             for d in offered
         )
     finally:
+        # Nothing stays behind unless asked: at 7B the two versions alone are 30 GB, and a
+        # machine left that full fails whatever runs on it next (a CI's image builds did).
         if not keep:
             shutil.rmtree(scratch, ignore_errors=True)
-    version_bytes = sum(f.stat().st_size for f in files)
+            shutil.rmtree(v1.parent, ignore_errors=True)
     return {
         "files": len(files),
         "version_bytes": version_bytes,
@@ -131,7 +136,7 @@ def measure(size: str, keep: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--sizes", default="smollm2,1.5b,7b")
-    ap.add_argument("--keep", action="store_true", help="keep the deltas and staged files")
+    ap.add_argument("--keep", action="store_true", help="keep the versions made, their deltas and staged files (.cache/weights)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     sizes = {s: measure(s, args.keep) for s in args.sizes.split(",")}
