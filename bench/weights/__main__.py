@@ -136,7 +136,11 @@ def measure(size: str, keep: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--sizes", default="smollm2,1.5b,7b")
-    ap.add_argument("--keep", action="store_true", help="keep the versions made, their deltas and staged files (.cache/weights)")
+    ap.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the versions made, their deltas and staged files (.cache/weights)",
+    )
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     sizes = {s: measure(s, args.keep) for s in args.sizes.split(",")}
